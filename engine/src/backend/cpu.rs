@@ -1,0 +1,555 @@
+//! The reference backend: f32 on the CPU, rayon for parallelism, `matrixmultiply` for large
+//! GEMMs and hand-vectorised dot products for the skinny ones of decode steps.
+
+use rayon::prelude::*;
+
+use super::simd::{axpy, dot};
+use super::{Backend, KvLayout, StepMetadata};
+
+/// A row-major 2-D array of f32 in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTensor {
+    /// `rows * cols` elements.
+    pub data: Vec<f32>,
+    /// Number of rows.
+    pub rows: usize,
+    /// Number of columns.
+    pub cols: usize,
+}
+
+impl CpuTensor {
+    /// A zero tensor.
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        Self {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        }
+    }
+
+    /// Row `r`.
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// K and V arrays of every layer, `[num_blocks, block_size, num_kv_heads, head_dim]` each.
+#[derive(Debug)]
+pub struct CpuKvCache {
+    /// Shape of the cache.
+    pub layout: KvLayout,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl CpuKvCache {
+    /// Key vector of `kv_head` at `slot` in `layer`.
+    pub fn key(&self, layer: usize, slot: usize, kv_head: usize) -> &[f32] {
+        let d = self.layout.head_dim;
+        let at = slot * self.layout.token_stride() + kv_head * d;
+        &self.k[layer][at..at + d]
+    }
+
+    /// Value vector of `kv_head` at `slot` in `layer`.
+    pub fn value(&self, layer: usize, slot: usize, kv_head: usize) -> &[f32] {
+        let d = self.layout.head_dim;
+        let at = slot * self.layout.token_stride() + kv_head * d;
+        &self.v[layer][at..at + d]
+    }
+}
+
+/// Step metadata plus the per-row indexes the CPU kernels need.
+#[derive(Debug)]
+pub struct CpuStepMeta {
+    /// The host metadata.
+    pub meta: StepMetadata,
+    /// For every token row, the index of its sequence in `meta.seqs`.
+    row_seq: Vec<u32>,
+}
+
+/// The CPU reference backend.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuBackend;
+
+/// Below this many rows a matmul is a batch of dot products: packing panels for a GEMM
+/// would read the weights twice for almost no reuse.
+const SKINNY_ROWS: usize = 8;
+
+/// Output columns per parallel task, so rayon has work to balance without tiny tasks.
+const COLS_PER_TASK: usize = 64;
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every task writes a disjoint set of elements (its own column range).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl CpuBackend {
+    fn matmul_into(&self, x: &CpuTensor, w: &CpuTensor, out: &mut [f32]) {
+        let (m, k, n) = (x.rows, x.cols, w.rows);
+        assert_eq!(w.cols, k, "matmul: x has {k} columns, w has {}", w.cols);
+        assert_eq!(out.len(), m * n);
+        if m == 0 || n == 0 {
+            return;
+        }
+        let ptr = OutPtr(out.as_mut_ptr());
+        let tasks = n.div_ceil(COLS_PER_TASK);
+        if m < SKINNY_ROWS {
+            (0..tasks).into_par_iter().for_each(|t| {
+                let p = ptr;
+                for j in t * COLS_PER_TASK..((t + 1) * COLS_PER_TASK).min(n) {
+                    let wj = &w.data[j * k..(j + 1) * k];
+                    for i in 0..m {
+                        let v = dot(&x.data[i * k..(i + 1) * k], wj);
+                        // SAFETY: (i, j) is written by this task only; in bounds by construction.
+                        unsafe { *p.0.add(i * n + j) = v };
+                    }
+                }
+            });
+        } else {
+            // Larger column slabs amortise the GEMM's packing of x.
+            let per = n
+                .div_ceil(rayon::current_num_threads().max(1) * 2)
+                .max(COLS_PER_TASK);
+            let slabs = n.div_ceil(per);
+            (0..slabs).into_par_iter().for_each(|s| {
+                let p = ptr;
+                let j0 = s * per;
+                let cols = per.min(n - j0);
+                // SAFETY: x is [m,k] row-major; wᵀ is read with strides (1, k) starting at row
+                // j0 of w; the output slab is columns j0..j0+cols of [m,n], disjoint per task.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        m,
+                        k,
+                        cols,
+                        1.0,
+                        x.data.as_ptr(),
+                        k as isize,
+                        1,
+                        w.data.as_ptr().add(j0 * k),
+                        1,
+                        k as isize,
+                        0.0,
+                        p.0.add(j0),
+                        n as isize,
+                        1,
+                    );
+                }
+            });
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type KvCache = CpuKvCache;
+    type StepMeta = CpuStepMeta;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> CpuTensor {
+        assert_eq!(data.len(), rows * cols, "upload: data does not match shape");
+        CpuTensor {
+            data: data.to_vec(),
+            rows,
+            cols,
+        }
+    }
+
+    fn download(&self, t: &CpuTensor) -> Vec<f32> {
+        t.data.clone()
+    }
+
+    fn shape(&self, t: &CpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn alloc_kv_cache(&self, layout: KvLayout) -> CpuKvCache {
+        let layer = || vec![0.0f32; layout.layer_len()];
+        CpuKvCache {
+            layout,
+            k: (0..layout.num_layers).map(|_| layer()).collect(),
+            v: (0..layout.num_layers).map(|_| layer()).collect(),
+        }
+    }
+
+    fn prepare_step(&self, meta: &StepMetadata) -> CpuStepMeta {
+        let mut row_seq = vec![0u32; meta.num_tokens()];
+        for (i, s) in meta.seqs.iter().enumerate() {
+            let start = s.query_start as usize;
+            row_seq[start..start + s.query_len as usize].fill(i as u32);
+        }
+        CpuStepMeta {
+            meta: meta.clone(),
+            row_seq,
+        }
+    }
+
+    fn embedding(&self, table: &CpuTensor, meta: &CpuStepMeta) -> CpuTensor {
+        let ids = &meta.meta.token_ids;
+        let mut out = CpuTensor::zeros(ids.len(), table.cols);
+        for (row, &id) in out.data.chunks_mut(table.cols).zip(ids) {
+            row.copy_from_slice(table.row(id as usize));
+        }
+        out
+    }
+
+    fn matmul(&self, x: &CpuTensor, w: &CpuTensor) -> CpuTensor {
+        let mut out = CpuTensor::zeros(x.rows, w.rows);
+        self.matmul_into(x, w, &mut out.data);
+        out
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, weight: &CpuTensor, eps: f32) -> CpuTensor {
+        let mut out = CpuTensor::zeros(x.rows, x.cols);
+        let cols = x.cols;
+        out.data
+            .par_chunks_mut(cols)
+            .with_min_len(16)
+            .zip(x.data.par_chunks(cols))
+            .for_each(|(o, xr)| {
+                let ms = dot(xr, xr) / cols as f32;
+                let scale = 1.0 / (ms + eps).sqrt();
+                for ((o, &v), &w) in o.iter_mut().zip(xr).zip(&weight.data) {
+                    *o = v * scale * w;
+                }
+            });
+        out
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuTensor,
+        cos: &CpuTensor,
+        sin: &CpuTensor,
+        meta: &CpuStepMeta,
+        num_heads: usize,
+    ) {
+        let head_dim = x.cols / num_heads;
+        let half = head_dim / 2;
+        let cols = x.cols;
+        x.data
+            .par_chunks_mut(cols)
+            .with_min_len(16)
+            .zip(meta.meta.positions.par_iter())
+            .for_each(|(row, &pos)| {
+                let (c, s) = (cos.row(pos as usize), sin.row(pos as usize));
+                for head in row.chunks_mut(head_dim) {
+                    for i in 0..half {
+                        let (a, b) = (head[i], head[i + half]);
+                        head[i] = a * c[i] - b * s[i];
+                        head[i + half] = b * c[i] + a * s[i];
+                    }
+                }
+            });
+    }
+
+    fn write_kv(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        meta: &CpuStepMeta,
+    ) {
+        let stride = cache.layout.token_stride();
+        assert_eq!(
+            k.cols, stride,
+            "write_kv: K row is not num_kv_heads * head_dim"
+        );
+        for (t, &slot) in meta.meta.slot_mapping.iter().enumerate() {
+            let at = slot as usize * stride;
+            cache.k[layer][at..at + stride].copy_from_slice(k.row(t));
+            cache.v[layer][at..at + stride].copy_from_slice(v.row(t));
+        }
+    }
+
+    fn paged_attention(
+        &self,
+        q: &CpuTensor,
+        cache: &CpuKvCache,
+        layer: usize,
+        meta: &CpuStepMeta,
+        num_heads: usize,
+    ) -> CpuTensor {
+        let layout = cache.layout;
+        let d = layout.head_dim;
+        let group = num_heads / layout.num_kv_heads;
+        let bs = meta.meta.block_size as usize;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut out = CpuTensor::zeros(q.rows, q.cols);
+        // One task per (token, head): decode batches and long prefills both spread over cores.
+        out.data
+            .par_chunks_mut(d)
+            .with_min_len(4)
+            .enumerate()
+            .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, o)| {
+                let (t, h) = (i / num_heads, i % num_heads);
+                let seq = &meta.meta.seqs[meta.row_seq[t] as usize];
+                let table = meta.meta.block_table(seq);
+                let pos = seq.context_len as usize + (t - seq.query_start as usize);
+                let kv_head = h / group;
+                let qh = &q.data[t * q.cols + h * d..t * q.cols + (h + 1) * d];
+                scores.clear();
+                let mut max = f32::NEG_INFINITY;
+                for j in 0..=pos {
+                    let slot = table[j / bs] as usize * bs + j % bs;
+                    let s = dot(qh, cache.key(layer, slot, kv_head)) * scale;
+                    max = max.max(s);
+                    scores.push(s);
+                }
+                let mut sum = 0.0;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                let inv = 1.0 / sum;
+                for (j, &p) in scores.iter().enumerate() {
+                    let slot = table[j / bs] as usize * bs + j % bs;
+                    axpy(p * inv, cache.value(layer, slot, kv_head), o);
+                }
+            });
+        out
+    }
+
+    fn silu_mul(&self, gate: &CpuTensor, up: &CpuTensor) -> CpuTensor {
+        let mut out = CpuTensor::zeros(gate.rows, gate.cols);
+        out.data
+            .par_chunks_mut(4096)
+            .zip(gate.data.par_chunks(4096).zip(up.data.par_chunks(4096)))
+            .for_each(|(o, (g, u))| {
+                for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                    *o = g / (1.0 + (-g).exp()) * u;
+                }
+            });
+        out
+    }
+
+    fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) {
+        assert_eq!(x.data.len(), y.data.len(), "add_assign: shapes differ");
+        for (a, b) in x.data.iter_mut().zip(&y.data) {
+            *a += b;
+        }
+    }
+
+    fn gather_logits_rows(&self, x: &CpuTensor, meta: &CpuStepMeta) -> CpuTensor {
+        let rows = &meta.meta.logits_rows;
+        let mut out = CpuTensor::zeros(rows.len(), x.cols);
+        for (o, &r) in out.data.chunks_mut(x.cols).zip(rows) {
+            o.copy_from_slice(x.row(r as usize));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SeqSlice;
+    use crate::rng::SplitMix64;
+
+    fn random(rows: usize, cols: usize, rng: &mut SplitMix64) -> CpuTensor {
+        let data = (0..rows * cols)
+            .map(|_| rng.next_f32() * 2.0 - 1.0)
+            .collect();
+        CpuTensor { data, rows, cols }
+    }
+
+    fn naive_matmul(x: &CpuTensor, w: &CpuTensor) -> Vec<f32> {
+        let mut out = vec![0.0; x.rows * w.rows];
+        for i in 0..x.rows {
+            for j in 0..w.rows {
+                out[i * w.rows + j] = (0..x.cols).map(|p| x.row(i)[p] * w.row(j)[p]).sum();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matmul_matches_naive_for_skinny_and_tall_inputs() {
+        let mut rng = SplitMix64::new(11);
+        for (m, k, n) in [
+            (1, 64, 130),
+            (3, 17, 5),
+            (8, 33, 200),
+            (40, 64, 64),
+            (9, 1, 1),
+        ] {
+            let x = random(m, k, &mut rng);
+            let w = random(n, k, &mut rng);
+            let got = CpuBackend.matmul(&x, &w);
+            for (a, b) in got.data.iter().zip(naive_matmul(&x, &w)) {
+                assert!((a - b).abs() < 1e-4, "({m},{k},{n}): {a} vs {b}");
+            }
+        }
+    }
+
+    /// Dense causal attention over contiguous K/V: the reference paged attention must equal.
+    fn dense_attention(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        len: usize,
+        num_heads: usize,
+        num_kv_heads: usize,
+        d: usize,
+        q_offset: usize,
+    ) -> Vec<f32> {
+        let group = num_heads / num_kv_heads;
+        let q_len = q.len() / (num_heads * d);
+        let mut out = vec![0.0; q.len()];
+        for t in 0..q_len {
+            let pos = q_offset + t;
+            assert!(pos < len);
+            for h in 0..num_heads {
+                let g = h / group;
+                let qh = &q[(t * num_heads + h) * d..][..d];
+                let scores: Vec<f32> = (0..=pos)
+                    .map(|j| {
+                        let kj = &k[(j * num_kv_heads + g) * d..][..d];
+                        qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f32 = exps.iter().sum();
+                for (j, e) in exps.iter().enumerate() {
+                    let vj = &v[(j * num_kv_heads + g) * d..][..d];
+                    for c in 0..d {
+                        out[(t * num_heads + h) * d + c] += e / sum * vj[c];
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn paged_attention_equals_dense_on_random_shapes() {
+        let mut rng = SplitMix64::new(42);
+        for case in 0..12 {
+            let num_kv_heads = 1 + rng.below(3) as usize;
+            let num_heads = num_kv_heads * (1 + rng.below(3) as usize);
+            let d = 4 * (1 + rng.below(4) as usize);
+            let block_size = 1 + rng.below(8) as usize;
+            let num_seqs = 1 + rng.below(3) as usize;
+            let num_blocks = 64;
+            let layout = KvLayout {
+                num_layers: 1,
+                num_blocks,
+                block_size,
+                num_kv_heads,
+                head_dim: d,
+            };
+            let mut cache = CpuBackend.alloc_kv_cache(layout);
+            // Hand out blocks in a shuffled order so tables are non-contiguous.
+            let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+            for i in (1..free.len()).rev() {
+                free.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            let mut meta = StepMetadata {
+                block_size: block_size as u32,
+                ..Default::default()
+            };
+            let mut dense = Vec::new();
+            for _ in 0..num_seqs {
+                let context = rng.below(12) as usize;
+                let q_len = 1 + rng.below(6) as usize;
+                let total = context + q_len;
+                let blocks: Vec<u32> = (0..total.div_ceil(block_size))
+                    .map(|_| free.pop().unwrap())
+                    .collect();
+                let k = random(total, num_kv_heads * d, &mut rng);
+                let v = random(total, num_kv_heads * d, &mut rng);
+                let q = random(q_len, num_heads * d, &mut rng);
+                // The context was written by earlier steps; write it straight into the cache.
+                for j in 0..context {
+                    let slot = blocks[j / block_size] as usize * block_size + j % block_size;
+                    let s = layout.token_stride();
+                    cache.k[0][slot * s..(slot + 1) * s].copy_from_slice(k.row(j));
+                    cache.v[0][slot * s..(slot + 1) * s].copy_from_slice(v.row(j));
+                }
+                let seq = SeqSlice {
+                    query_start: meta.token_ids.len() as u32,
+                    query_len: q_len as u32,
+                    context_len: context as u32,
+                    block_table_start: meta.block_tables.len() as u32,
+                    block_table_len: blocks.len() as u32,
+                };
+                for j in context..total {
+                    meta.token_ids.push(0);
+                    meta.positions.push(j as u32);
+                    meta.slot_mapping
+                        .push(blocks[j / block_size] * block_size as u32 + (j % block_size) as u32);
+                }
+                meta.block_tables.extend(&blocks);
+                meta.seqs.push(seq);
+                dense.push((q, k, v, context, total));
+            }
+            let prepared = CpuBackend.prepare_step(&meta);
+            // This step's K/V go through write_kv, as the model does.
+            let stack =
+                |f: &dyn Fn(&(CpuTensor, CpuTensor, CpuTensor, usize, usize)) -> Vec<f32>, cols| {
+                    let data: Vec<f32> = dense.iter().flat_map(f).collect();
+                    let rows = data.len() / cols;
+                    CpuTensor { data, rows, cols }
+                };
+            let kv_cols = num_kv_heads * d;
+            let new_k = stack(&|c| c.1.data[c.3 * kv_cols..].to_vec(), kv_cols);
+            let new_v = stack(&|c| c.2.data[c.3 * kv_cols..].to_vec(), kv_cols);
+            CpuBackend.write_kv(&mut cache, 0, &new_k, &new_v, &prepared);
+            let q_all = stack(&|c| c.0.data.clone(), num_heads * d);
+            let got = CpuBackend.paged_attention(&q_all, &cache, 0, &prepared, num_heads);
+            let want: Vec<f32> = dense
+                .iter()
+                .flat_map(|(q, k, v, context, total)| {
+                    dense_attention(
+                        &q.data,
+                        &k.data,
+                        &v.data,
+                        *total,
+                        num_heads,
+                        num_kv_heads,
+                        d,
+                        *context,
+                    )
+                })
+                .collect();
+            assert_eq!(got.data.len(), want.len());
+            for (a, b) in got.data.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-4, "case {case}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_and_silu_mul_match_formulas() {
+        let x = CpuTensor {
+            data: vec![1.0, 2.0, 3.0, 4.0],
+            rows: 2,
+            cols: 2,
+        };
+        let w = CpuTensor {
+            data: vec![1.0, 0.5],
+            rows: 1,
+            cols: 2,
+        };
+        let y = CpuBackend.rms_norm(&x, &w, 0.0);
+        let r0 = (2.5f32).sqrt();
+        assert!((y.data[0] - 1.0 / r0).abs() < 1e-6 && (y.data[1] - 1.0 / r0).abs() < 1e-6);
+        let s = CpuBackend.silu_mul(&x, &w_like(&x));
+        assert!((s.data[0] - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
+    }
+
+    fn w_like(x: &CpuTensor) -> CpuTensor {
+        CpuTensor {
+            data: vec![1.0; x.data.len()],
+            rows: x.rows,
+            cols: x.cols,
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The compute backend seen by the model: a small set of tensor operations over device
+//! buffers, and the metadata of one batched step.
+//!
+//! The scheduler never sees a backend. It hands the model runner a [`StepMetadata`] (host
+//! arrays describing which tokens of which sequences to compute and where their KV lives),
+//! and the runner drives a [`Backend`]. The CPU backend is the reference; a CUDA backend
+//! implements the same trait and must produce the same greedy tokens.
+
+pub mod cpu;
+mod simd;
+
+use crate::rng::SplitMix64;
+use crate::sampling::SampleSpec;
+
+/// Shape of one rank's paged KV cache. Every layer holds a K and a V array laid out as
+/// `[num_blocks, block_size, num_kv_heads, head_dim]`, so token slot `s` of layer `l` lives at
+/// `s * num_kv_heads * head_dim` in that layer's arrays (slot = block · block_size + offset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Transformer layers.
+    pub num_layers: usize,
+    /// Blocks in the pool.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Key/value heads (GQA groups).
+    pub num_kv_heads: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Floats one token occupies in one layer's K (or V) array.
+    pub fn token_stride(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Floats in one layer's K (or V) array.
+    pub fn layer_len(&self) -> usize {
+        self.num_blocks * self.block_size * self.token_stride()
+    }
+
+    /// Bytes of the whole cache with f32 elements (K and V, every layer).
+    pub fn bytes_f32(&self) -> usize {
+        2 * self.num_layers * self.layer_len() * std::mem::size_of::<f32>()
+    }
+}
+
+/// One sequence's part of a batched step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqSlice {
+    /// Row of this sequence's first new token in the step's token arrays.
+    pub query_start: u32,
+    /// New tokens computed this step (a prefill chunk, or 1 for decode).
+    pub query_len: u32,
+    /// Tokens already in the KV cache before this step (computed earlier or prefix-cache hits).
+    pub context_len: u32,
+    /// Offset of this sequence's block table in [`StepMetadata::block_tables`].
+    pub block_table_start: u32,
+    /// Number of entries of its block table (covers `context_len + query_len` tokens).
+    pub block_table_len: u32,
+}
+
+impl SeqSlice {
+    /// Tokens whose keys the last new token attends to.
+    pub fn total_len(&self) -> u32 {
+        self.context_len + self.query_len
+    }
+}
+
+/// Host description of one batched step: the flattened tokens of every scheduled sequence.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepMetadata {
+    /// Token id of every computed token, sequences one after another.
+    pub token_ids: Vec<u32>,
+    /// Absolute position of every computed token.
+    pub positions: Vec<u32>,
+    /// KV slot each computed token writes (block · block_size + offset).
+    pub slot_mapping: Vec<u32>,
+    /// The sequences, in row order.
+    pub seqs: Vec<SeqSlice>,
+    /// Concatenated block tables.
+    pub block_tables: Vec<u32>,
+    /// Rows whose logits are needed: the last token of each sequence that samples this step.
+    pub logits_rows: Vec<u32>,
+    /// Tokens per block.
+    pub block_size: u32,
+}
+
+impl StepMetadata {
+    /// Number of token rows in the step.
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// The block table of sequence `i`.
+    pub fn block_table(&self, seq: &SeqSlice) -> &[u32] {
+        let start = seq.block_table_start as usize;
+        &self.block_tables[start..start + seq.block_table_len as usize]
+    }
+}
+
+/// Tensor operations a model needs. Tensors are 2-D, row-major `[rows, cols]`.
+///
+/// Weight matrices are stored `[out_features, in_features]`, so `matmul(x, w)` computes
+/// `x · wᵀ`, which keeps each output a dot product of two contiguous rows.
+pub trait Backend: Send + Sync + 'static {
+    /// A device buffer with a 2-D shape.
+    type Tensor: Send + Sync;
+    /// One rank's paged KV cache (every layer).
+    type KvCache: Send;
+    /// Step metadata after the backend has made it usable (uploaded to the device, indexed).
+    type StepMeta: Send;
+
+    /// Short name for logs (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// Copies host data into a new tensor of shape `[rows, cols]`.
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Self::Tensor;
+    /// Copies a tensor back to the host.
+    fn download(&self, t: &Self::Tensor) -> Vec<f32>;
+    /// `(rows, cols)` of a tensor.
+    fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+    /// A zeroed KV cache with the given layout.
+    fn alloc_kv_cache(&self, layout: KvLayout) -> Self::KvCache;
+    /// Prepares the step metadata once per step, before any op uses it.
+    fn prepare_step(&self, meta: &StepMetadata) -> Self::StepMeta;
+
+    /// Rows of `table` selected by the step's token ids: `[tokens, hidden]`.
+    fn embedding(&self, table: &Self::Tensor, meta: &Self::StepMeta) -> Self::Tensor;
+    /// `x · wᵀ` with `x: [m, k]`, `w: [n, k]` → `[m, n]`.
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Tensor) -> Self::Tensor;
+    /// Row-wise RMSNorm: `x / sqrt(mean(x²) + eps) * weight`, `weight: [1, cols]`.
+    fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Self::Tensor;
+    /// Rotary embedding in place on `x: [tokens, num_heads * head_dim]` at the step's
+    /// positions, rotating dimension `i` with `i + head_dim/2` (the Hugging Face Llama layout).
+    /// `cos`/`sin` are `[max_positions, head_dim / 2]` tables.
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        cos: &Self::Tensor,
+        sin: &Self::Tensor,
+        meta: &Self::StepMeta,
+        num_heads: usize,
+    );
+    /// Writes each token's K and V row into its slot of layer `layer`.
+    fn write_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        meta: &Self::StepMeta,
+    );
+    /// Causal attention of the step's queries `q: [tokens, num_heads * head_dim]` over each
+    /// sequence's paged keys and values (context plus this step's tokens, already written).
+    /// Works for prefill chunks and decode alike. Returns `[tokens, num_heads * head_dim]`.
+    fn paged_attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        layer: usize,
+        meta: &Self::StepMeta,
+        num_heads: usize,
+    ) -> Self::Tensor;
+    /// `silu(gate) * up`, element-wise.
+    fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Self::Tensor;
+    /// `x += y`, element-wise.
+    fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor);
+    /// The rows of `x` named by the step's `logits_rows`.
+    fn gather_logits_rows(&self, x: &Self::Tensor, meta: &Self::StepMeta) -> Self::Tensor;
+    /// One token per row of `logits`, drawn with each row's sampling spec and generator.
+    fn sample(
+        &self,
+        logits: &Self::Tensor,
+        specs: &[SampleSpec],
+        rngs: &mut [&mut SplitMix64],
+    ) -> Vec<u32> {
+        let (rows, cols) = self.shape(logits);
+        let host = self.download(logits);
+        (0..rows)
+            .map(|r| {
+                crate::sampling::sample_row(&host[r * cols..(r + 1) * cols], &specs[r], rngs[r])
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,274 @@
+//! Model shapes, the built-in synthetic models and their deterministic weights.
+
+pub mod llama;
+
+use crate::rng::SplitMix64;
+use crate::tokenizer::ByteTokenizer;
+
+pub use llama::{LlamaModel, LlamaWeights};
+
+/// Shapes of a Llama-architecture model (RMSNorm, RoPE, GQA, SwiGLU).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    /// Name shown in logs and `/v1/models` when no served name is given.
+    pub name: String,
+    /// Rows of the embedding table and the output head.
+    pub vocab_size: usize,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Transformer layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (divides `num_heads`).
+    pub num_kv_heads: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+    /// SwiGLU inner width.
+    pub intermediate_size: usize,
+    /// Longest sequence (prompt + output) the model accepts.
+    pub max_model_len: usize,
+    /// RoPE base frequency.
+    pub rope_theta: f32,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+}
+
+/// Errors naming what is wrong with a `--model` value.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ModelError {
+    /// `synthetic:NAME` with an unknown NAME.
+    #[error("unknown synthetic model {0:?}; available: {available}", available = SYNTHETIC_NAMES.join(", "))]
+    UnknownSynthetic(String),
+    /// A model that needs a GPU backend.
+    #[error(
+        "{0} has {1} parameters and is reserved for the CUDA backend; use synthetic:tiny or synthetic:small on CPU"
+    )]
+    NeedsGpu(String, String),
+    /// Real model files are not supported yet.
+    #[error(
+        "loading model files ({0}) is not supported yet; use synthetic:tiny or synthetic:small"
+    )]
+    FilesUnsupported(String),
+}
+
+/// Names accepted after `synthetic:`.
+pub const SYNTHETIC_NAMES: [&str; 3] = ["tiny", "small", "llama-3-8b"];
+
+impl ModelSpec {
+    /// Shapes of a built-in synthetic model.
+    pub fn synthetic(name: &str) -> Result<Self, ModelError> {
+        let byte_vocab = ByteTokenizer::VOCAB_SIZE;
+        let spec = match name {
+            // Small enough that a debug-build test runs a full request in milliseconds.
+            "tiny" => Self {
+                name: "synthetic:tiny".into(),
+                vocab_size: byte_vocab,
+                hidden_size: 64,
+                num_layers: 2,
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 16,
+                intermediate_size: 176,
+                max_model_len: 1024,
+                rope_theta: 10_000.0,
+                rms_norm_eps: 1e-5,
+            },
+            // About 25 M parameters: a CPU benchmark model whose steps cost milliseconds.
+            "small" => Self {
+                name: "synthetic:small".into(),
+                vocab_size: byte_vocab,
+                hidden_size: 512,
+                num_layers: 8,
+                num_heads: 8,
+                num_kv_heads: 4,
+                head_dim: 64,
+                intermediate_size: 1408,
+                max_model_len: 4096,
+                rope_theta: 10_000.0,
+                rms_norm_eps: 1e-5,
+            },
+            // Llama-3-8B's shapes, so GPU benchmarks run at a realistic size.
+            "llama-3-8b" => Self {
+                name: "synthetic:llama-3-8b".into(),
+                vocab_size: 128_256,
+                hidden_size: 4096,
+                num_layers: 32,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+                intermediate_size: 14_336,
+                max_model_len: 8192,
+                rope_theta: 500_000.0,
+                rms_norm_eps: 1e-5,
+            },
+            other => return Err(ModelError::UnknownSynthetic(other.to_string())),
+        };
+        Ok(spec)
+    }
+
+    /// Parses a `--model` value for the CPU backend.
+    pub fn from_model_arg(model: &str) -> Result<Self, ModelError> {
+        match model.strip_prefix("synthetic:") {
+            Some(name) => {
+                let spec = Self::synthetic(name)?;
+                if spec.num_params() > 1_000_000_000 {
+                    return Err(ModelError::NeedsGpu(
+                        spec.name.clone(),
+                        format!("{:.1} B", spec.num_params() as f64 / 1e9),
+                    ));
+                }
+                Ok(spec)
+            }
+            None => Err(ModelError::FilesUnsupported(model.to_string())),
+        }
+    }
+
+    /// Width of the query projection.
+    pub fn q_size(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of the key (and value) projection.
+    pub fn kv_size(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Parameter count (embedding and output head counted separately).
+    pub fn num_params(&self) -> usize {
+        let h = self.hidden_size;
+        let per_layer =
+            h * self.q_size() * 2 + h * self.kv_size() * 2 + 3 * h * self.intermediate_size + 2 * h;
+        2 * self.vocab_size * h + self.num_layers * per_layer + h
+    }
+}
+
+/// Host copy of every weight, generated deterministically from a seed.
+#[derive(Debug, Clone)]
+pub struct HostWeights {
+    /// `[vocab, hidden]`.
+    pub embed: Vec<f32>,
+    /// One entry per layer.
+    pub layers: Vec<HostLayer>,
+    /// `[hidden]`.
+    pub final_norm: Vec<f32>,
+    /// `[vocab, hidden]`.
+    pub lm_head: Vec<f32>,
+}
+
+/// Host weights of one transformer layer, each matrix `[out, in]`.
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub struct HostLayer {
+    pub attn_norm: Vec<f32>,
+    pub wq: Vec<f32>,
+    pub wk: Vec<f32>,
+    pub wv: Vec<f32>,
+    pub wo: Vec<f32>,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Vec<f32>,
+    pub w_up: Vec<f32>,
+    pub w_down: Vec<f32>,
+}
+
+impl HostWeights {
+    /// Weights of `spec` drawn from `seed`. Each tensor has its own generator stream, so a
+    /// tensor's values do not depend on the order tensors are generated in.
+    pub fn synthetic(spec: &ModelSpec, seed: u64) -> Self {
+        let mut stream = 0u64;
+        let mut next = |n: usize, bound: f32| {
+            stream += 1;
+            stream_values(n, bound, seed, stream)
+        };
+        // Uniform in [-√(3/fan_in), √(3/fan_in)) has variance 1/fan_in, which keeps
+        // activations at unit scale through every matmul; the embedding has unit variance.
+        let fan_in = |cols: usize| (3.0 / cols as f32).sqrt();
+        let h = spec.hidden_size;
+        let embed = next(spec.vocab_size * h, 3f32.sqrt());
+        let layers = (0..spec.num_layers)
+            .map(|_| HostLayer {
+                attn_norm: vec![1.0; h],
+                wq: next(spec.q_size() * h, fan_in(h)),
+                wk: next(spec.kv_size() * h, fan_in(h)),
+                wv: next(spec.kv_size() * h, fan_in(h)),
+                wo: next(h * spec.q_size(), fan_in(spec.q_size())),
+                ffn_norm: vec![1.0; h],
+                w_gate: next(spec.intermediate_size * h, fan_in(h)),
+                w_up: next(spec.intermediate_size * h, fan_in(h)),
+                w_down: next(h * spec.intermediate_size, fan_in(spec.intermediate_size)),
+            })
+            .collect();
+        let lm_head = next(spec.vocab_size * h, fan_in(h));
+        Self {
+            embed,
+            layers,
+            final_norm: vec![1.0; h],
+            lm_head,
+        }
+    }
+}
+
+/// `n` values uniform in [-bound, bound) from one generator stream, filled in parallel by
+/// deriving a sub-stream per chunk (the result does not depend on the thread count).
+fn stream_values(n: usize, bound: f32, seed: u64, stream: u64) -> Vec<f32> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let mut out = vec![0.0f32; n];
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut rng = SplitMix64::derive(seed ^ stream.rotate_left(32), c as u64);
+            for v in chunk {
+                *v = (rng.next_f32() * 2.0 - 1.0) * bound;
+            }
+        });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_have_consistent_shapes() {
+        for name in SYNTHETIC_NAMES {
+            let s = ModelSpec::synthetic(name).unwrap();
+            assert_eq!(s.num_heads % s.num_kv_heads, 0, "{name}");
+            assert_eq!(s.head_dim % 2, 0, "{name}");
+        }
+        assert!(ModelSpec::synthetic("small").unwrap().num_params() > 20_000_000);
+    }
+
+    #[test]
+    fn model_arg_errors_are_specific() {
+        assert!(matches!(
+            ModelSpec::from_model_arg("synthetic:huge"),
+            Err(ModelError::UnknownSynthetic(_))
+        ));
+        assert!(matches!(
+            ModelSpec::from_model_arg("synthetic:llama-3-8b"),
+            Err(ModelError::NeedsGpu(..))
+        ));
+        assert!(matches!(
+            ModelSpec::from_model_arg("/models/x"),
+            Err(ModelError::FilesUnsupported(_))
+        ));
+        assert_eq!(
+            ModelSpec::from_model_arg("synthetic:tiny")
+                .unwrap()
+                .hidden_size,
+            64
+        );
+    }
+
+    #[test]
+    fn weights_depend_on_seed_only() {
+        let spec = ModelSpec::synthetic("tiny").unwrap();
+        let a = HostWeights::synthetic(&spec, 1);
+        let b = HostWeights::synthetic(&spec, 1);
+        let c = HostWeights::synthetic(&spec, 2);
+        assert_eq!(a.layers[1].w_down, b.layers[1].w_down);
+        assert_ne!(a.layers[1].w_down, c.layers[1].w_down);
+        assert_eq!(a.embed.len(), spec.vocab_size * spec.hidden_size);
+    }
+}

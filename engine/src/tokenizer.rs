@@ -1,0 +1,184 @@
+//! Tokenizers: the byte-level tokenizer of the synthetic models, and the streaming decoder
+//! that turns generated token ids back into valid UTF-8 text piece by piece.
+
+/// One chat message after the HTTP layer has validated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+/// What the engine needs from a tokenizer. Real vocabularies (tokenizer.json) are a separate
+/// issue; they will implement the same trait.
+pub trait Tokenizer: Send + Sync {
+    /// Number of token ids the model's embedding table has.
+    fn vocab_size(&self) -> usize;
+    /// Token that ends generation unless the request sets `ignore_eos`.
+    fn eos_token_id(&self) -> u32;
+    /// Token prepended to every prompt, if the model uses one.
+    fn bos_token_id(&self) -> Option<u32>;
+    /// Text to token ids, with the BOS token first when `add_bos`.
+    fn encode(&self, text: &str, add_bos: bool) -> Vec<u32>;
+    /// Renders chat messages into the prompt text the model was trained on, ending with the
+    /// assistant turn header so the model continues as the assistant.
+    fn apply_chat_template(&self, messages: &[ChatMessage]) -> String;
+    /// A decoder that turns tokens into text incrementally for one output stream.
+    fn stream_decoder(&self) -> Box<dyn StreamDecoder>;
+}
+
+/// Turns a stream of token ids into text without ever emitting half a UTF-8 character.
+pub trait StreamDecoder: Send {
+    /// Feeds one token; returns the text that became complete (possibly empty).
+    fn push(&mut self, token: u32) -> String;
+    /// Ends the stream: bytes of an incomplete character become U+FFFD.
+    fn finish(&mut self) -> String;
+}
+
+/// Byte-level tokenizer of the synthetic models: ids 0..=255 are bytes, then BOS and EOS.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByteTokenizer;
+
+impl ByteTokenizer {
+    /// Beginning-of-sequence token.
+    pub const BOS: u32 = 256;
+    /// End-of-sequence token.
+    pub const EOS: u32 = 257;
+    /// 256 bytes plus the two special tokens.
+    pub const VOCAB_SIZE: usize = 258;
+}
+
+impl Tokenizer for ByteTokenizer {
+    fn vocab_size(&self) -> usize {
+        Self::VOCAB_SIZE
+    }
+
+    fn eos_token_id(&self) -> u32 {
+        Self::EOS
+    }
+
+    fn bos_token_id(&self) -> Option<u32> {
+        Some(Self::BOS)
+    }
+
+    fn encode(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(text.len() + 1);
+        if add_bos {
+            ids.push(Self::BOS);
+        }
+        ids.extend(text.bytes().map(u32::from));
+        ids
+    }
+
+    fn apply_chat_template(&self, messages: &[ChatMessage]) -> String {
+        let mut out = String::new();
+        for m in messages {
+            out.push_str("<|");
+            out.push_str(&m.role);
+            out.push_str("|>\n");
+            out.push_str(&m.content);
+            out.push_str("<|end|>\n");
+        }
+        out.push_str("<|assistant|>\n");
+        out
+    }
+
+    fn stream_decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(Utf8StreamDecoder::default())
+    }
+}
+
+/// Accumulates bytes and releases the longest valid UTF-8 prefix; special tokens (ids ≥ 256)
+/// produce no text.
+#[derive(Debug, Default)]
+pub struct Utf8StreamDecoder {
+    pending: Vec<u8>,
+}
+
+impl StreamDecoder for Utf8StreamDecoder {
+    fn push(&mut self, token: u32) -> String {
+        let Ok(byte) = u8::try_from(token) else {
+            return String::new();
+        };
+        self.pending.push(byte);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    out.push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or_default());
+                    match e.error_len() {
+                        // Incomplete character at the end: keep it until more bytes arrive.
+                        None => {
+                            self.pending.drain(..valid);
+                            return out;
+                        }
+                        // Invalid bytes can never become valid: replace and carry on.
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            self.pending.drain(..valid + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(ids: &[u32]) -> String {
+        let mut d = ByteTokenizer.stream_decoder();
+        let mut s: String = ids.iter().map(|&t| d.push(t)).collect();
+        s.push_str(&d.finish());
+        s
+    }
+
+    #[test]
+    fn round_trip_including_multibyte() {
+        let text = "héllo ✓ 🚀";
+        let ids = ByteTokenizer.encode(text, true);
+        assert_eq!(ids[0], ByteTokenizer::BOS);
+        assert_eq!(decode_all(&ids), text);
+    }
+
+    #[test]
+    fn partial_character_is_held_back() {
+        let mut d = Utf8StreamDecoder::default();
+        let bytes = "✓".as_bytes();
+        assert_eq!(d.push(bytes[0] as u32), "");
+        assert_eq!(d.push(bytes[1] as u32), "");
+        assert_eq!(d.push(bytes[2] as u32), "✓");
+    }
+
+    #[test]
+    fn invalid_bytes_become_replacement_chars() {
+        assert_eq!(decode_all(&[0xff, b'a' as u32]), "\u{fffd}a");
+        // A truncated character at the very end is flushed lossily.
+        assert_eq!(decode_all(&[b'a' as u32, 0xe2, 0x9c]), "a\u{fffd}");
+        assert_eq!(decode_all(&[ByteTokenizer::EOS]), "");
+    }
+
+    #[test]
+    fn chat_template_ends_with_assistant_header() {
+        let t = ByteTokenizer.apply_chat_template(&[ChatMessage {
+            role: "user".into(),
+            content: "hi".into(),
+        }]);
+        assert_eq!(t, "<|user|>\nhi<|end|>\n<|assistant|>\n");
+    }
+}
