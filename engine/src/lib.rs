@@ -7,6 +7,7 @@
 //! snapshots that the output side turns into responses and statistics.
 
 pub mod backend;
+pub mod kv;
 pub mod model;
 pub mod rng;
 pub mod sampling;
