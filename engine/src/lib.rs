@@ -6,9 +6,14 @@
 //! ([`kv`]). Each rank steps the [`model`] on a [`backend`]; the step loop records events and
 //! snapshots that the output side turns into responses and statistics.
 
+pub mod admission;
 pub mod backend;
+pub mod events;
+pub mod executor;
 pub mod kv;
 pub mod model;
 pub mod rng;
 pub mod sampling;
+pub mod scheduler;
+pub mod tenants;
 pub mod tokenizer;

@@ -33,6 +33,17 @@ impl SampleSpec {
     }
 }
 
+/// One sampling row of a step: the request's sampler and its own generator, copied out of
+/// the request for the step and written back after, so a request's draws do not depend on
+/// which other requests share its batch.
+#[derive(Debug, Clone)]
+pub struct SamplingSlot {
+    /// The sampler.
+    pub spec: SampleSpec,
+    /// The request's generator.
+    pub rng: SplitMix64,
+}
+
 /// Everything a request says about generation: the sampler and when to stop.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {

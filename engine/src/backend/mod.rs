@@ -9,8 +9,7 @@
 pub mod cpu;
 mod simd;
 
-use crate::rng::SplitMix64;
-use crate::sampling::SampleSpec;
+use crate::sampling::SamplingSlot;
 
 /// Shape of one rank's paged KV cache. Every layer holds a K and a V array laid out as
 /// `[num_blocks, block_size, num_kv_heads, head_dim]`, so token slot `s` of layer `l` lives at
@@ -168,19 +167,14 @@ pub trait Backend: Send + Sync + 'static {
     fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor);
     /// The rows of `x` named by the step's `logits_rows`.
     fn gather_logits_rows(&self, x: &Self::Tensor, meta: &Self::StepMeta) -> Self::Tensor;
-    /// One token per row of `logits`, drawn with each row's sampling spec and generator.
-    fn sample(
-        &self,
-        logits: &Self::Tensor,
-        specs: &[SampleSpec],
-        rngs: &mut [&mut SplitMix64],
-    ) -> Vec<u32> {
+    /// One token per row of `logits`, drawn with each row's sampler and generator.
+    fn sample(&self, logits: &Self::Tensor, slots: &mut [SamplingSlot]) -> Vec<u32> {
         let (rows, cols) = self.shape(logits);
+        assert_eq!(rows, slots.len(), "one sampling slot per logits row");
         let host = self.download(logits);
-        (0..rows)
-            .map(|r| {
-                crate::sampling::sample_row(&host[r * cols..(r + 1) * cols], &specs[r], rngs[r])
-            })
+        host.chunks(cols.max(1))
+            .zip(slots.iter_mut())
+            .map(|(row, slot)| crate::sampling::sample_row(row, &slot.spec, &mut slot.rng))
             .collect()
     }
 }

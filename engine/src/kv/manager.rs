@@ -6,8 +6,7 @@ use std::collections::HashMap;
 use super::block_pool::{BlockId, BlockPool};
 use super::hash::BlockHash;
 
-/// Engine-wide request id.
-pub type RequestId = u64;
+use crate::events::RequestId;
 
 /// Prefix-cache activity since the last [`KvCacheManager::take_stats`] (take-and-reset: a
 /// step's snapshot carries only what happened in that step).
