@@ -1,1 +1,65 @@
-fn main() {}
+//! `ballast`: one binary for the engine, the load generator and (later) the operator.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Ballast: run a fleet of LLM inference replicas.
+#[derive(Debug, Parser)]
+#[command(name = "ballast", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one engine replica: OpenAI-compatible HTTP API, /health and /metrics.
+    Engine(ballast_engine::EngineArgs),
+    /// Load-test any OpenAI-compatible server.
+    Bench(ballast_bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BALLAST_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Engine(args) => match ballast_engine::run(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    e.exit_code()
+                }
+            },
+            Command::Bench(args) => match ballast_bench::run(args).await {
+                Ok(_) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    if matches!(e, ballast_bench::BenchError::InvalidArg { .. }) {
+                        2
+                    } else {
+                        1
+                    }
+                }
+            },
+        }
+    });
+    ExitCode::from(code as u8)
+}

@@ -8,12 +8,70 @@
 
 pub mod admission;
 pub mod backend;
+pub mod config;
+pub mod core;
+pub mod dispatcher;
+pub mod dp;
+pub mod engine;
 pub mod events;
 pub mod executor;
 pub mod kv;
+pub mod metrics;
 pub mod model;
+pub mod output;
 pub mod rng;
 pub mod sampling;
 pub mod scheduler;
 pub mod tenants;
 pub mod tokenizer;
+
+pub use config::{EngineArgs, EngineConfig};
+pub use engine::{Engine, RequestStream, Submission, SubmitError};
+pub mod server;
+
+/// Why `ballast engine` stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A flag has a value that cannot work (exit code 2).
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// Binding or serving failed (exit code 1).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl RunError {
+    /// The process exit code for this error (cli.md: 2 bad arguments, 1 runtime failure).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Config(_) => 2,
+            RunError::Io(_) => 1,
+        }
+    }
+}
+
+/// Runs `ballast engine`: validates flags, binds the HTTP port, prints
+/// `ballast engine listening on http://ADDR` on stdout (with the real port when `--port 0`),
+/// serves until SIGTERM/SIGINT and drains.
+pub async fn run(args: EngineArgs) -> Result<(), RunError> {
+    let config = EngineConfig::from_args(&args)?;
+    let addr = std::net::SocketAddr::new(config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+    let local = listener.local_addr()?;
+    tracing::info!(
+        model = %config.model.name,
+        served_model_name = %config.served_model_name,
+        data_parallel_size = config.data_parallel_size,
+        num_kv_blocks = config.scheduler.num_blocks,
+        block_size = config.scheduler.block_size,
+        max_model_len = config.max_model_len(),
+        "starting engine"
+    );
+    let engine = Engine::start(config);
+    // Printed (not logged) so a parent process can read the port it was given.
+    println!("ballast engine listening on http://{local}");
+    server::serve(engine, listener).await?;
+    Ok(())
+}

@@ -388,29 +388,39 @@ mod tests {
         }
     }
 
-    /// Dense causal attention over contiguous K/V: the reference paged attention must equal.
-    fn dense_attention(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        len: usize,
+    /// One sequence of a random attention case: its queries, all its keys and values, and
+    /// how many of them were cached before the step.
+    struct SeqCase {
+        q: CpuTensor,
+        k: CpuTensor,
+        v: CpuTensor,
+        context: usize,
+    }
+
+    #[derive(Clone, Copy)]
+    struct Heads {
         num_heads: usize,
         num_kv_heads: usize,
         d: usize,
-        q_offset: usize,
-    ) -> Vec<f32> {
+    }
+
+    /// Dense causal attention over contiguous K/V: the reference paged attention must equal.
+    fn dense_attention(c: &SeqCase, h: Heads) -> Vec<f32> {
+        let Heads {
+            num_heads,
+            num_kv_heads,
+            d,
+        } = h;
         let group = num_heads / num_kv_heads;
-        let q_len = q.len() / (num_heads * d);
-        let mut out = vec![0.0; q.len()];
-        for t in 0..q_len {
-            let pos = q_offset + t;
-            assert!(pos < len);
-            for h in 0..num_heads {
-                let g = h / group;
-                let qh = &q[(t * num_heads + h) * d..][..d];
+        let mut out = vec![0.0; c.q.data.len()];
+        for t in 0..c.q.rows {
+            let pos = c.context + t;
+            for head in 0..num_heads {
+                let g = head / group;
+                let qh = &c.q.row(t)[head * d..(head + 1) * d];
                 let scores: Vec<f32> = (0..=pos)
                     .map(|j| {
-                        let kj = &k[(j * num_kv_heads + g) * d..][..d];
+                        let kj = &c.k.row(j)[g * d..(g + 1) * d];
                         qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt()
                     })
                     .collect();
@@ -418,9 +428,9 @@ mod tests {
                 let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f32 = exps.iter().sum();
                 for (j, e) in exps.iter().enumerate() {
-                    let vj = &v[(j * num_kv_heads + g) * d..][..d];
-                    for c in 0..d {
-                        out[(t * num_heads + h) * d + c] += e / sum * vj[c];
+                    let vj = &c.v.row(j)[g * d..(g + 1) * d];
+                    for x in 0..d {
+                        out[(t * num_heads + head) * d + x] += e / sum * vj[x];
                     }
                 }
             }
@@ -428,23 +438,35 @@ mod tests {
         out
     }
 
+    fn stack(rows: impl Iterator<Item = Vec<f32>>, cols: usize) -> CpuTensor {
+        let data: Vec<f32> = rows.flatten().collect();
+        CpuTensor {
+            rows: data.len() / cols,
+            data,
+            cols,
+        }
+    }
+
     #[test]
     fn paged_attention_equals_dense_on_random_shapes() {
         let mut rng = SplitMix64::new(42);
         for case in 0..12 {
             let num_kv_heads = 1 + rng.below(3) as usize;
-            let num_heads = num_kv_heads * (1 + rng.below(3) as usize);
-            let d = 4 * (1 + rng.below(4) as usize);
+            let h = Heads {
+                num_kv_heads,
+                num_heads: num_kv_heads * (1 + rng.below(3) as usize),
+                d: 4 * (1 + rng.below(4) as usize),
+            };
             let block_size = 1 + rng.below(8) as usize;
-            let num_seqs = 1 + rng.below(3) as usize;
             let num_blocks = 64;
             let layout = KvLayout {
                 num_layers: 1,
                 num_blocks,
                 block_size,
                 num_kv_heads,
-                head_dim: d,
+                head_dim: h.d,
             };
+            let stride = layout.token_stride();
             let mut cache = CpuBackend.alloc_kv_cache(layout);
             // Hand out blocks in a shuffled order so tables are non-contiguous.
             let mut free: Vec<u32> = (0..num_blocks as u32).collect();
@@ -455,70 +477,57 @@ mod tests {
                 block_size: block_size as u32,
                 ..Default::default()
             };
-            let mut dense = Vec::new();
-            for _ in 0..num_seqs {
+            let mut seqs = Vec::new();
+            for _ in 0..1 + rng.below(3) {
                 let context = rng.below(12) as usize;
                 let q_len = 1 + rng.below(6) as usize;
                 let total = context + q_len;
                 let blocks: Vec<u32> = (0..total.div_ceil(block_size))
                     .map(|_| free.pop().unwrap())
                     .collect();
-                let k = random(total, num_kv_heads * d, &mut rng);
-                let v = random(total, num_kv_heads * d, &mut rng);
-                let q = random(q_len, num_heads * d, &mut rng);
-                // The context was written by earlier steps; write it straight into the cache.
+                let slot =
+                    |j: usize| blocks[j / block_size] * block_size as u32 + (j % block_size) as u32;
+                let c = SeqCase {
+                    q: random(q_len, h.num_heads * h.d, &mut rng),
+                    k: random(total, stride, &mut rng),
+                    v: random(total, stride, &mut rng),
+                    context,
+                };
+                // The context was written by earlier steps; put it straight into the cache.
                 for j in 0..context {
-                    let slot = blocks[j / block_size] as usize * block_size + j % block_size;
-                    let s = layout.token_stride();
-                    cache.k[0][slot * s..(slot + 1) * s].copy_from_slice(k.row(j));
-                    cache.v[0][slot * s..(slot + 1) * s].copy_from_slice(v.row(j));
+                    let at = slot(j) as usize * stride;
+                    cache.k[0][at..at + stride].copy_from_slice(c.k.row(j));
+                    cache.v[0][at..at + stride].copy_from_slice(c.v.row(j));
                 }
-                let seq = SeqSlice {
+                meta.seqs.push(SeqSlice {
                     query_start: meta.token_ids.len() as u32,
                     query_len: q_len as u32,
                     context_len: context as u32,
                     block_table_start: meta.block_tables.len() as u32,
                     block_table_len: blocks.len() as u32,
-                };
+                });
                 for j in context..total {
                     meta.token_ids.push(0);
                     meta.positions.push(j as u32);
-                    meta.slot_mapping
-                        .push(blocks[j / block_size] * block_size as u32 + (j % block_size) as u32);
+                    meta.slot_mapping.push(slot(j));
                 }
                 meta.block_tables.extend(&blocks);
-                meta.seqs.push(seq);
-                dense.push((q, k, v, context, total));
+                seqs.push(c);
             }
             let prepared = CpuBackend.prepare_step(&meta);
             // This step's K/V go through write_kv, as the model does.
-            let stack =
-                |f: &dyn Fn(&(CpuTensor, CpuTensor, CpuTensor, usize, usize)) -> Vec<f32>, cols| {
-                    let data: Vec<f32> = dense.iter().flat_map(f).collect();
-                    let rows = data.len() / cols;
-                    CpuTensor { data, rows, cols }
-                };
-            let kv_cols = num_kv_heads * d;
-            let new_k = stack(&|c| c.1.data[c.3 * kv_cols..].to_vec(), kv_cols);
-            let new_v = stack(&|c| c.2.data[c.3 * kv_cols..].to_vec(), kv_cols);
+            let new_k = stack(
+                seqs.iter().map(|c| c.k.data[c.context * stride..].to_vec()),
+                stride,
+            );
+            let new_v = stack(
+                seqs.iter().map(|c| c.v.data[c.context * stride..].to_vec()),
+                stride,
+            );
             CpuBackend.write_kv(&mut cache, 0, &new_k, &new_v, &prepared);
-            let q_all = stack(&|c| c.0.data.clone(), num_heads * d);
-            let got = CpuBackend.paged_attention(&q_all, &cache, 0, &prepared, num_heads);
-            let want: Vec<f32> = dense
-                .iter()
-                .flat_map(|(q, k, v, context, total)| {
-                    dense_attention(
-                        &q.data,
-                        &k.data,
-                        &v.data,
-                        *total,
-                        num_heads,
-                        num_kv_heads,
-                        d,
-                        *context,
-                    )
-                })
-                .collect();
+            let q_all = stack(seqs.iter().map(|c| c.q.data.clone()), h.num_heads * h.d);
+            let got = CpuBackend.paged_attention(&q_all, &cache, 0, &prepared, h.num_heads);
+            let want: Vec<f32> = seqs.iter().flat_map(|c| dense_attention(c, h)).collect();
             assert_eq!(got.data.len(), want.len());
             for (a, b) in got.data.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-4, "case {case}: {a} vs {b}");

@@ -168,8 +168,11 @@ impl KvCacheManager {
         // Blocks whose every token is known (scheduled now or earlier) can be shared: in a
         // step, all K/V are written before attention reads them.
         let full = (total_tokens / self.block_size).min(block_hashes.len());
-        for i in held.num_hashed..full {
-            self.pool.cache_block(held.blocks[i], block_hashes[i]);
+        for (&block, &hash) in held.blocks[held.num_hashed..full]
+            .iter()
+            .zip(&block_hashes[held.num_hashed..full])
+        {
+            self.pool.cache_block(block, hash);
         }
         held.num_hashed = held.num_hashed.max(full);
         true

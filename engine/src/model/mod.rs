@@ -198,7 +198,17 @@ impl HostWeights {
                 w_down: next(h * spec.intermediate_size, fan_in(spec.intermediate_size)),
             })
             .collect();
-        let lm_head = next(spec.vocab_size * h, fan_in(h));
+        let mut lm_head = next(spec.vocab_size * h, fan_in(h));
+        if spec.vocab_size == ByteTokenizer::VOCAB_SIZE {
+            // Tilt byte models towards printable ASCII so their output reads as text in a
+            // demo rather than as replacement characters. Greedy and sampled decoding stay
+            // deterministic functions of the seed.
+            for byte in (b' '..=b'~').chain([b'\n']) {
+                for w in &mut lm_head[byte as usize * h..(byte as usize + 1) * h] {
+                    *w *= 3.0;
+                }
+            }
+        }
         Self {
             embed,
             layers,

@@ -1,0 +1,202 @@
+//! `ballast engine` and `ballast bench` as real processes: exit codes, SIGTERM drain, and a
+//! bench run against a live engine.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+struct Engine {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ballast() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ballast"))
+}
+
+/// Starts an engine on a free port and waits for its "listening on" line.
+fn spawn_engine(args: &[&str]) -> Engine {
+    let mut child = ballast()
+        .args(["engine", "--port", "0"])
+        .args(args)
+        .env("BALLAST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn ballast");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("ballast engine listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    Engine { child, base }
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "process did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+#[test]
+fn bad_flags_exit_2_and_name_the_flag() {
+    for (args, needle) in [
+        (&["--num-kv-blocks", "1"][..], "--num-kv-blocks"),
+        (&["--model", "synthetic:nope"][..], "--model"),
+        (&["--max-num-seqs", "0"][..], "--max-num-seqs"),
+        (&["--no-such-flag"][..], "--no-such-flag"),
+        (&["--block-size", "abc"][..], "--block-size"),
+    ] {
+        let out = ballast().arg("engine").args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn port_in_use_is_a_runtime_failure() {
+    let first = spawn_engine(&[]);
+    let port = first.base.rsplit(':').next().unwrap();
+    let out = ballast().args(["engine", "--port", port]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_then_exits_zero() {
+    let mut engine = spawn_engine(&["--model", "synthetic:small", "--max-model-len", "1024"]);
+    let c = client();
+    let body = json!({
+        "prompt": "finish me", "max_tokens": 300, "ignore_eos": true,
+        "stream": true, "stream_options": {"include_usage": true},
+    });
+    let resp = c
+        .post(format!("{}/v1/completions", engine.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let mut body_text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let pid = engine.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Draining: new requests are refused with 503 while the first one finishes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = c
+            .post(format!("{}/v1/completions", engine.base))
+            .json(&json!({"prompt": "late", "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 503 {
+            assert_eq!(
+                r.json::<Value>().await.unwrap()["error"]["code"],
+                "draining"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "never started draining");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while let Some(chunk) = stream.next().await {
+        body_text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    assert!(
+        body_text.trim_end().ends_with("data: [DONE]"),
+        "stream cut short: {body_text}"
+    );
+    let usage_line = body_text
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"usage\":{"))
+        .expect("usage chunk");
+    let usage: Value = serde_json::from_str(usage_line.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(
+        usage["usage"]["completion_tokens"], 300,
+        "the accepted request ran to its end"
+    );
+    let status = wait_exit(&mut engine.child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn bench_against_a_live_engine_reports_every_request() {
+    let engine = spawn_engine(&[]);
+    let dir = std::env::temp_dir().join(format!("ballast-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json_path = dir.join("report.json");
+    let out = ballast()
+        .args([
+            "bench",
+            "--url",
+            &engine.base,
+            "--num-requests",
+            "24",
+            "--concurrency",
+            "4",
+        ])
+        .args([
+            "--input-len",
+            "32",
+            "--output-len",
+            "16",
+            "--shared-prefix-len",
+            "16",
+            "--tenants",
+            "3",
+        ])
+        .args(["--stream", "--ignore-eos", "--no-progress", "--json"])
+        .arg(&json_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    assert_eq!(report["requests"]["ok"], 24, "{report}");
+    assert_eq!(report["requests"]["failed"], 0);
+    assert_eq!(report["mean_completion_tokens"], 16.0);
+    assert_eq!(
+        report["mean_prompt_tokens"], 32.0,
+        "token-id prompts have exact lengths"
+    );
+    assert!(report["ttft_s"]["p50"].as_f64().unwrap() > 0.0);
+    assert!(stdout.contains("TTFT"), "{stdout}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,338 @@
+//! `ballast engine` flags and the validated configuration built from them.
+
+use std::net::IpAddr;
+
+use clap::Args;
+
+use crate::admission::AdmissionLimits;
+use crate::dispatcher::DispatchPolicy;
+use crate::model::{ModelError, ModelSpec};
+use crate::scheduler::SchedulerConfig;
+
+/// Flags of `ballast engine`. Names follow vLLM where a vLLM user would look for them; every
+/// flag also reads the `BALLAST_*` environment variable shown in `--help`.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Model to serve: `synthetic:tiny`, `synthetic:small` (CPU) or `synthetic:llama-3-8b`
+    /// (reserved for the CUDA backend).
+    #[arg(long, env = "BALLAST_MODEL", default_value = "synthetic:tiny")]
+    pub model: String,
+
+    /// Name clients send as `model`, and the `model_name` metric label [default: --model].
+    #[arg(long, env = "BALLAST_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+
+    /// Address to listen on for HTTP (OpenAI API, /health, /metrics).
+    #[arg(long, env = "BALLAST_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+
+    /// HTTP port; 0 picks a free port (the chosen one is printed on stdout).
+    #[arg(long, env = "BALLAST_PORT", default_value_t = 8000)]
+    pub port: u16,
+
+    /// Port of the gRPC control API; 0 disables it. (The control API is not built yet, so
+    /// only 0 is accepted.)
+    #[arg(long, env = "BALLAST_GRPC_PORT", default_value_t = 0)]
+    pub grpc_port: u16,
+
+    /// Data-parallel ranks in this process, each with its own scheduler and KV pool,
+    /// stepping in lockstep. Metric label `engine` is the rank.
+    #[arg(long, env = "BALLAST_DATA_PARALLEL_SIZE", default_value_t = 1)]
+    pub data_parallel_size: usize,
+
+    /// How requests are assigned to data-parallel ranks.
+    #[arg(
+        long,
+        env = "BALLAST_DISPATCH_POLICY",
+        value_enum,
+        default_value = "least-tokens"
+    )]
+    pub dispatch_policy: DispatchPolicy,
+
+    /// Most requests in a rank's running batch.
+    #[arg(long, env = "BALLAST_MAX_NUM_SEQS", default_value_t = 256)]
+    pub max_num_seqs: usize,
+
+    /// Most tokens a rank computes per step (decode tokens plus prefill chunks).
+    #[arg(long, env = "BALLAST_MAX_NUM_BATCHED_TOKENS", default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+
+    /// Longest prompt + output accepted [default: the model's context length].
+    #[arg(long, env = "BALLAST_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+
+    /// Requests allowed to wait before new ones get HTTP 429 (reason max_num_queued_reqs).
+    #[arg(long, env = "BALLAST_MAX_QUEUED_REQUESTS")]
+    pub max_queued_requests: Option<usize>,
+
+    /// Prompt tokens allowed to wait before new requests get HTTP 429 (reason
+    /// max_num_queued_tokens).
+    #[arg(long, env = "BALLAST_MAX_QUEUED_TOKENS")]
+    pub max_queued_tokens: Option<usize>,
+
+    /// Running requests per tenant (OpenAI `user` field, or header `x-tenant`); more wait
+    /// as *deferred*.
+    #[arg(long, env = "BALLAST_MAX_RUNNING_PER_TENANT")]
+    pub max_running_per_tenant: Option<u32>,
+
+    /// KV blocks per rank [default: what 256 MiB of f32 K/V holds, at least one full
+    /// context].
+    #[arg(long, env = "BALLAST_NUM_KV_BLOCKS")]
+    pub num_kv_blocks: Option<usize>,
+
+    /// Tokens per KV block.
+    #[arg(long, env = "BALLAST_BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: usize,
+
+    /// Share KV blocks between requests with equal prefixes.
+    #[arg(
+        long,
+        env = "BALLAST_ENABLE_PREFIX_CACHING",
+        default_value_t = true,
+        overrides_with = "no_enable_prefix_caching"
+    )]
+    pub enable_prefix_caching: bool,
+
+    /// Turn prefix caching off.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+
+    /// Seed of the synthetic weights and of requests that do not set their own.
+    #[arg(long, env = "BALLAST_SEED", default_value_t = 0)]
+    pub seed: u64,
+
+    /// Threads for CPU kernels [default: one per core].
+    #[arg(long, env = "BALLAST_CPU_THREADS")]
+    pub cpu_threads: Option<usize>,
+
+    /// On SIGTERM, seconds to wait for in-flight requests before aborting them.
+    #[arg(long, env = "BALLAST_DRAIN_TIMEOUT", default_value_t = 600.0)]
+    pub drain_timeout: f64,
+}
+
+impl Default for EngineArgs {
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: EngineArgs,
+        }
+        <Wrapper as clap::Parser>::parse_from(["engine"]).args
+    }
+}
+
+/// A flag whose value cannot work; the message names the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--{flag}: {message}")]
+pub struct ConfigError {
+    /// Flag name without dashes.
+    pub flag: &'static str,
+    /// What is wrong and what would work.
+    pub message: String,
+}
+
+fn bad(flag: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        flag,
+        message: message.into(),
+    }
+}
+
+impl From<ModelError> for ConfigError {
+    fn from(e: ModelError) -> Self {
+        bad("model", e.to_string())
+    }
+}
+
+/// Default KV memory per rank when `--num-kv-blocks` is not given.
+const DEFAULT_KV_BYTES: usize = 256 << 20;
+
+/// A validated engine configuration.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Model shapes (with `max_model_len` already applied).
+    pub model: ModelSpec,
+    /// `model` field clients must send, and the `model_name` label.
+    pub served_model_name: String,
+    /// HTTP address.
+    pub host: IpAddr,
+    /// HTTP port (0: any).
+    pub port: u16,
+    /// DP ranks.
+    pub data_parallel_size: usize,
+    /// Rank assignment.
+    pub dispatch_policy: DispatchPolicy,
+    /// Per-rank scheduler limits.
+    pub scheduler: SchedulerConfig,
+    /// Front-door limits.
+    pub admission: AdmissionLimits,
+    /// Per-tenant running cap.
+    pub max_running_per_tenant: Option<u32>,
+    /// Weights and default sampling seed.
+    pub seed: u64,
+    /// CPU kernel threads.
+    pub cpu_threads: Option<usize>,
+    /// Drain limit on SIGTERM.
+    pub drain_timeout: std::time::Duration,
+}
+
+impl EngineConfig {
+    /// Validates flags into a configuration.
+    pub fn from_args(a: &EngineArgs) -> Result<Self, ConfigError> {
+        let mut model = ModelSpec::from_model_arg(&a.model)?;
+        if a.grpc_port != 0 {
+            return Err(bad(
+                "grpc-port",
+                "the gRPC control API is not available in this build; use 0",
+            ));
+        }
+        if a.data_parallel_size == 0 || a.data_parallel_size > 64 {
+            return Err(bad("data-parallel-size", "must be between 1 and 64"));
+        }
+        if a.max_num_seqs == 0 {
+            return Err(bad("max-num-seqs", "must be at least 1"));
+        }
+        if a.max_num_batched_tokens == 0 {
+            return Err(bad("max-num-batched-tokens", "must be at least 1"));
+        }
+        if a.block_size == 0 || a.block_size > 1024 {
+            return Err(bad("block-size", "must be between 1 and 1024"));
+        }
+        if let Some(len) = a.max_model_len {
+            if len < 2 || len > model.max_model_len {
+                return Err(bad(
+                    "max-model-len",
+                    format!(
+                        "must be between 2 and {} (the model's context length)",
+                        model.max_model_len
+                    ),
+                ));
+            }
+            model.max_model_len = len;
+        }
+        if a.max_queued_requests == Some(0) {
+            return Err(bad(
+                "max-queued-requests",
+                "must be at least 1 (omit it for no limit)",
+            ));
+        }
+        if a.max_queued_tokens == Some(0) {
+            return Err(bad(
+                "max-queued-tokens",
+                "must be at least 1 (omit it for no limit)",
+            ));
+        }
+        if a.max_running_per_tenant == Some(0) {
+            return Err(bad(
+                "max-running-per-tenant",
+                "must be at least 1 (omit it for no cap)",
+            ));
+        }
+        if a.cpu_threads == Some(0) {
+            return Err(bad("cpu-threads", "must be at least 1"));
+        }
+        if !(a.drain_timeout.is_finite() && a.drain_timeout >= 0.0) {
+            return Err(bad(
+                "drain-timeout",
+                "must be a non-negative number of seconds",
+            ));
+        }
+        let per_token = 2 * model.num_layers * model.kv_size() * std::mem::size_of::<f32>();
+        let min_blocks = model.max_model_len.div_ceil(a.block_size);
+        let num_blocks = match a.num_kv_blocks {
+            Some(n) if n < min_blocks => {
+                return Err(bad(
+                    "num-kv-blocks",
+                    format!(
+                        "{n} blocks of {} tokens cannot hold one {}-token sequence; use at least {min_blocks} or lower --max-model-len",
+                        a.block_size, model.max_model_len
+                    ),
+                ));
+            }
+            Some(n) => n,
+            None => (DEFAULT_KV_BYTES / (per_token * a.block_size)).max(min_blocks),
+        };
+        let enable_prefix_caching = a.enable_prefix_caching && !a.no_enable_prefix_caching;
+        Ok(Self {
+            served_model_name: a
+                .served_model_name
+                .clone()
+                .unwrap_or_else(|| a.model.clone()),
+            host: a.host,
+            port: a.port,
+            data_parallel_size: a.data_parallel_size,
+            dispatch_policy: a.dispatch_policy,
+            scheduler: SchedulerConfig {
+                max_num_seqs: a.max_num_seqs,
+                max_num_batched_tokens: a.max_num_batched_tokens,
+                max_model_len: model.max_model_len,
+                block_size: a.block_size,
+                num_blocks,
+                enable_prefix_caching,
+            },
+            admission: AdmissionLimits {
+                max_queued_requests: a.max_queued_requests,
+                max_queued_tokens: a.max_queued_tokens,
+            },
+            max_running_per_tenant: a.max_running_per_tenant,
+            seed: a.seed,
+            cpu_threads: a.cpu_threads,
+            drain_timeout: std::time::Duration::from_secs_f64(a.drain_timeout),
+            model,
+        })
+    }
+
+    /// Longest accepted sequence.
+    pub fn max_model_len(&self) -> usize {
+        self.scheduler.max_model_len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: EngineArgs,
+    }
+
+    fn parse(args: &[&str]) -> EngineArgs {
+        Cli::try_parse_from(std::iter::once("engine").chain(args.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let c = EngineConfig::from_args(&parse(&[])).unwrap();
+        assert_eq!(c.served_model_name, "synthetic:tiny");
+        assert!(c.scheduler.enable_prefix_caching);
+        assert!(c.scheduler.num_blocks * c.scheduler.block_size >= c.max_model_len());
+    }
+
+    #[test]
+    fn prefix_caching_can_be_turned_off() {
+        let c = EngineConfig::from_args(&parse(&["--no-enable-prefix-caching"])).unwrap();
+        assert!(!c.scheduler.enable_prefix_caching);
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let cases: [(&[&str], &str); 6] = [
+            (&["--num-kv-blocks", "3"], "num-kv-blocks"),
+            (&["--data-parallel-size", "0"], "data-parallel-size"),
+            (&["--model", "synthetic:nope"], "model"),
+            (&["--max-model-len", "99999"], "max-model-len"),
+            (&["--max-queued-requests", "0"], "max-queued-requests"),
+            (&["--grpc-port", "9000"], "grpc-port"),
+        ];
+        for (args, flag) in cases {
+            let e = EngineConfig::from_args(&parse(args)).unwrap_err();
+            assert_eq!(e.flag, flag, "{args:?}");
+            assert!(e.to_string().starts_with(&format!("--{flag}:")));
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The engine core: one thread per data-parallel rank, stepping in lockstep.
+//!
+//! Each step a rank drains its inbox (new requests, aborts), plans a step, joins the
+//! group's all-gather of step loads (the DP barrier), runs the plan on its executor, applies
+//! the result, and sends one [`StepOutput`] to the output side. When no rank has work, all
+//! ranks sleep until a request or command arrives for any of them.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::backend::StepMetadata;
+use crate::dp::{DpBalance, DpGroup, DpStatsError, RankLoad, SyncTimer, dp_balance};
+use crate::events::{RequestId, RequestStepOutput, SchedulerSnapshot, StepCounters};
+use crate::executor::Executor;
+use crate::scheduler::{EngineRequest, Scheduler};
+
+/// A message to one rank.
+#[derive(Debug)]
+pub enum RankCommand {
+    /// Queue a request.
+    Add(EngineRequest),
+    /// End a request now (client gone, stop string, drain timeout).
+    Abort(RequestId),
+    /// Forget cached prefixes; replies whether it was done (refused while blocks are in use).
+    ResetPrefixCache(std::sync::mpsc::Sender<bool>),
+}
+
+/// What a rank reports after each step it takes part in.
+#[derive(Debug)]
+pub struct StepOutput {
+    /// The rank.
+    pub rank: usize,
+    /// The rank's step counter.
+    pub step: u64,
+    /// When the step's tokens became available: the NEW_TOKENS time of every token in it.
+    pub new_tokens_ts: Instant,
+    /// Per-request tokens, finishes and events.
+    pub outputs: Vec<RequestStepOutput>,
+    /// State at the end of the step.
+    pub snapshot: SchedulerSnapshot,
+    /// Increments of the step.
+    pub counters: StepCounters,
+    /// Data-parallel balance; `Ok(None)` when no step ran (the whole group is idle and this
+    /// output only reports aborts and the current snapshot).
+    pub dp: Result<Option<DpBalance>, DpStatsError>,
+}
+
+/// What each rank contributes to the step's all-gather.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GatherMsg {
+    /// The rank has waiting or running requests.
+    pub has_work: bool,
+    /// The rank is shutting down.
+    pub stop: bool,
+    /// The rank's planned load.
+    pub load: RankLoad,
+}
+
+/// One rank's step loop and everything it owns.
+pub struct RankWorker {
+    /// Rank index.
+    pub rank: usize,
+    /// The rank's scheduler.
+    pub scheduler: Scheduler,
+    /// The rank's executor (model and KV cache).
+    pub executor: Box<dyn Executor>,
+    /// Commands from the frontend.
+    pub inbox: Receiver<RankCommand>,
+    /// The lockstep group.
+    pub group: Arc<DpGroup<GatherMsg>>,
+    /// Where step outputs go.
+    pub outputs: UnboundedSender<StepOutput>,
+}
+
+impl RankWorker {
+    /// Runs until the group closes or the frontend goes away.
+    pub fn run(mut self) {
+        let mut meta = StepMetadata::default();
+        let mut slots = Vec::new();
+        let mut step = 0u64;
+        let mut last_sent = SchedulerSnapshot::default();
+        loop {
+            let seen = self.group.wake_seq();
+            let inbox_open = self.drain_inbox();
+            let now = Instant::now();
+            let plan = if self.scheduler.has_work() {
+                self.scheduler.schedule(now)
+            } else {
+                Default::default()
+            };
+            let msg = GatherMsg {
+                has_work: self.scheduler.has_work(),
+                stop: !inbox_open,
+                load: RankLoad {
+                    tokens: plan.num_tokens as u64,
+                    attention_pairs: plan.attention_pairs(),
+                },
+            };
+            let mut timer = SyncTimer::default();
+            let Ok(all) = timer.time(|| self.group.all_gather(self.rank, msg)) else {
+                return;
+            };
+            if all.iter().any(|m| m.stop) {
+                self.group.close();
+                return;
+            }
+            if !all.iter().any(|m| m.has_work) {
+                if !self.flush_idle(&mut step, &mut last_sent) {
+                    self.group.close();
+                    return;
+                }
+                self.group.wait_for_wake(seen);
+                continue;
+            }
+            let loads: Vec<RankLoad> = all.iter().map(|m| m.load).collect();
+            let dp = dp_balance(self.rank, all.len(), &loads, timer.total());
+            self.scheduler.fill_step(&plan, &mut meta, &mut slots);
+            let sampled = self.executor.execute(&meta, &mut slots);
+            self.scheduler.update(&plan, &sampled, &slots);
+            let out = StepOutput {
+                rank: self.rank,
+                step,
+                new_tokens_ts: Instant::now(),
+                outputs: self.scheduler.take_outputs(),
+                snapshot: self.scheduler.snapshot(),
+                counters: self.scheduler.take_counters(),
+                dp,
+            };
+            step += 1;
+            last_sent = out.snapshot;
+            if self.outputs.send(out).is_err() {
+                self.group.close();
+                return;
+            }
+            if loads.iter().all(|l| l.tokens == 0) {
+                // Work exists but nothing could run (e.g. every waiting request is deferred
+                // behind a slot that is about to be released): do not spin.
+                self.group
+                    .wait_for_wake_timeout(seen, Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// Before sleeping: reports what changed without a step (aborts processed from the
+    /// inbox) so finishes reach their handlers and gauges do not stay stale while idle.
+    /// False when the output side is gone.
+    fn flush_idle(&mut self, step: &mut u64, last_sent: &mut SchedulerSnapshot) -> bool {
+        let outputs = self.scheduler.take_outputs();
+        let snapshot = self.scheduler.snapshot();
+        if outputs.is_empty() && snapshot == *last_sent {
+            return true;
+        }
+        *last_sent = snapshot;
+        let out = StepOutput {
+            rank: self.rank,
+            step: *step,
+            new_tokens_ts: Instant::now(),
+            outputs,
+            snapshot,
+            counters: self.scheduler.take_counters(),
+            dp: Ok(None),
+        };
+        *step += 1;
+        self.outputs.send(out).is_ok()
+    }
+
+    /// Applies every pending command; false when the frontend dropped the inbox.
+    fn drain_inbox(&mut self) -> bool {
+        loop {
+            match self.inbox.try_recv() {
+                Ok(RankCommand::Add(r)) => self.scheduler.add(r, Instant::now()),
+                Ok(RankCommand::Abort(id)) => {
+                    self.scheduler.abort(id);
+                }
+                Ok(RankCommand::ResetPrefixCache(reply)) => {
+                    let _ = reply.send(self.scheduler.reset_prefix_cache());
+                }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The engine handle the HTTP frontend uses: admission, dispatch, per-request streams,
+//! draining and shutdown around the rank threads of [`crate::core`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::admission::{AdmissionLedger, RejectReason};
+use crate::backend::cpu::CpuBackend;
+use crate::config::EngineConfig;
+use crate::core::{GatherMsg, RankCommand, RankWorker};
+use crate::dispatcher::Dispatcher;
+use crate::dp::DpGroup;
+use crate::events::RequestId;
+use crate::executor::{Executor, ModelExecutor};
+use crate::metrics::EngineMetrics;
+use crate::model::LlamaModel;
+use crate::output::{RequestUpdate, RouteTable, route_outputs};
+use crate::rng::SplitMix64;
+use crate::sampling::SamplingParams;
+use crate::scheduler::{EngineRequest, Scheduler};
+use crate::tenants::{Tenant, TenantLedger};
+use crate::tokenizer::{ByteTokenizer, Tokenizer};
+
+/// A request as the frontend submits it: tokenized and validated.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling and stop parameters.
+    pub sampling: SamplingParams,
+    /// Tenant for the running cap.
+    pub tenant: Option<Tenant>,
+}
+
+/// Why a submission was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The server is draining (SIGTERM): HTTP 503.
+    #[error("the server is draining and accepts no new requests")]
+    Draining,
+    /// Over an admission limit: HTTP 429.
+    #[error("{0}")]
+    Rejected(RejectReason),
+    /// The engine core stopped: HTTP 503.
+    #[error("the engine core is not running")]
+    CoreStopped,
+}
+
+struct Inner {
+    config: EngineConfig,
+    tokenizer: Arc<dyn Tokenizer>,
+    ranks: Vec<Sender<RankCommand>>,
+    group: Arc<DpGroup<GatherMsg>>,
+    dispatcher: Arc<Dispatcher>,
+    admission: Arc<AdmissionLedger>,
+    tenants: Arc<TenantLedger>,
+    routes: Arc<RouteTable>,
+    metrics: EngineMetrics,
+    next_id: AtomicU64,
+    draining: AtomicBool,
+    in_flight: watch::Sender<usize>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl Engine {
+    /// Builds the model on the CPU backend and starts one thread per rank. Must be called
+    /// inside a tokio runtime (the output router is a task).
+    pub fn start(config: EngineConfig) -> Engine {
+        if let Some(n) = config.cpu_threads {
+            // Only the first engine of a process can size the global pool; later ones share it.
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global();
+        }
+        let model = LlamaModel::synthetic(config.model.clone(), CpuBackend, config.seed);
+        let s = config.scheduler;
+        let executors = (0..config.data_parallel_size)
+            .map(|_| {
+                Box::new(ModelExecutor::new(
+                    model.clone(),
+                    s.num_blocks,
+                    s.block_size,
+                )) as Box<dyn Executor>
+            })
+            .collect();
+        Self::start_with(config, executors, Arc::new(ByteTokenizer))
+    }
+
+    /// Starts ranks over the given executors (one per rank), e.g. a no-op executor to
+    /// measure scheduling alone.
+    pub fn start_with(
+        config: EngineConfig,
+        executors: Vec<Box<dyn Executor>>,
+        tokenizer: Arc<dyn Tokenizer>,
+    ) -> Engine {
+        let n = config.data_parallel_size;
+        assert_eq!(executors.len(), n, "one executor per rank");
+        let group = Arc::new(DpGroup::new(n));
+        let dispatcher = Arc::new(Dispatcher::new(config.dispatch_policy, n));
+        let admission = Arc::new(AdmissionLedger::new(config.admission));
+        let tenants = Arc::new(TenantLedger::new(config.max_running_per_tenant));
+        let routes = Arc::new(RouteTable::default());
+        let metrics = EngineMetrics::new(&config.served_model_name, n);
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let mut ranks = Vec::with_capacity(n);
+        let mut threads = Vec::with_capacity(n);
+        for (rank, executor) in executors.into_iter().enumerate() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            ranks.push(tx);
+            let worker = RankWorker {
+                rank,
+                scheduler: Scheduler::new(
+                    config.scheduler,
+                    Arc::clone(&tenants),
+                    Arc::clone(&admission),
+                ),
+                executor,
+                inbox: rx,
+                group: Arc::clone(&group),
+                outputs: out_tx.clone(),
+            };
+            let handle = std::thread::Builder::new()
+                .name(format!("ballast-rank-{rank}"))
+                .spawn(move || worker.run())
+                .expect("spawn rank thread");
+            threads.push(handle);
+        }
+        drop(out_tx);
+        tokio::spawn(route_outputs(
+            out_rx,
+            Arc::clone(&routes),
+            Arc::clone(&dispatcher),
+            metrics.clone(),
+        ));
+        Engine {
+            inner: Arc::new(Inner {
+                config,
+                tokenizer,
+                ranks,
+                group,
+                dispatcher,
+                admission,
+                tenants,
+                routes,
+                metrics,
+                next_id: AtomicU64::new(1),
+                draining: AtomicBool::new(false),
+                in_flight: watch::Sender::new(0),
+                threads: Mutex::new(threads),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &dyn Tokenizer {
+        &*self.inner.tokenizer
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.inner.metrics
+    }
+
+    /// The DP dispatcher (weights can be changed at run time).
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.inner.dispatcher
+    }
+
+    /// The admission ledger.
+    pub fn admission(&self) -> &AdmissionLedger {
+        &self.inner.admission
+    }
+
+    /// The tenant ledger.
+    pub fn tenants(&self) -> &TenantLedger {
+        &self.inner.tenants
+    }
+
+    /// Requests submitted and not yet finished.
+    pub fn in_flight(&self) -> usize {
+        *self.inner.in_flight.borrow()
+    }
+
+    /// Submits requests that must be admitted together (the choices of one HTTP request):
+    /// all are admitted or none is. Each gets its own stream.
+    pub fn submit(&self, subs: Vec<Submission>) -> Result<Vec<RequestStream>, SubmitError> {
+        let inner = &self.inner;
+        if inner.draining.load(Ordering::SeqCst) {
+            return Err(SubmitError::Draining);
+        }
+        let tokens = subs.iter().map(|s| s.prompt.len()).sum();
+        if let Err(reason) = inner.admission.try_admit(subs.len(), tokens) {
+            inner.metrics.observe_rejection(reason);
+            return Err(SubmitError::Rejected(reason));
+        }
+        let mut streams = Vec::with_capacity(subs.len());
+        for sub in subs {
+            let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+            let charged = (sub.prompt.len() + sub.sampling.max_tokens as usize) as u64;
+            let rank = inner.dispatcher.assign(charged);
+            let (tx, rx) = mpsc::unbounded_channel();
+            inner.routes.register(id, rank, charged, tx);
+            inner.in_flight.send_modify(|n| *n += 1);
+            let rng_seed = match sub.sampling.seed {
+                Some(seed) => seed,
+                None => SplitMix64::derive(inner.config.seed, id).next_u64(),
+            };
+            let prompt_len = sub.prompt.len();
+            let req = EngineRequest {
+                id,
+                prompt: sub.prompt,
+                sampling: sub.sampling,
+                rng_seed,
+                tenant: sub.tenant,
+                eos_token_id: inner.tokenizer.eos_token_id(),
+            };
+            let stream = RequestStream {
+                id,
+                rx,
+                guard: StreamGuard {
+                    engine: self.clone(),
+                    id,
+                    rank,
+                    finished: false,
+                },
+            };
+            if inner.ranks[rank].send(RankCommand::Add(req)).is_err() {
+                inner.admission.release(prompt_len);
+                return Err(SubmitError::CoreStopped);
+            }
+            streams.push(stream);
+        }
+        inner.group.wake();
+        Ok(streams)
+    }
+
+    fn abort(&self, id: RequestId, rank: usize) {
+        let _ = self.inner.ranks[rank].send(RankCommand::Abort(id));
+        self.inner.group.wake();
+    }
+
+    /// Forgets every rank's cached prefixes; false if some rank refused (blocks in use).
+    pub fn reset_prefix_cache(&self) -> bool {
+        let replies: Vec<_> = self
+            .inner
+            .ranks
+            .iter()
+            .map(|r| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let _ = r.send(RankCommand::ResetPrefixCache(tx));
+                rx
+            })
+            .collect();
+        self.inner.group.wake();
+        replies
+            .into_iter()
+            .all(|rx| rx.recv_timeout(Duration::from_secs(10)).unwrap_or(false))
+    }
+
+    /// Stops admitting: new submissions fail with [`SubmitError::Draining`].
+    pub fn begin_drain(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`Self::begin_drain`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no request is in flight; false if `timeout` passed first.
+    pub async fn wait_idle(&self, timeout: Duration) -> bool {
+        let mut rx = self.inner.in_flight.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok()
+    }
+
+    /// Aborts every request in flight (drain timeout).
+    pub fn abort_all(&self) {
+        for (id, rank) in self.inner.routes.ids() {
+            self.abort(id, rank);
+        }
+    }
+
+    /// Stops the rank threads and waits for them. Requests still running are dropped, so
+    /// call it after draining.
+    pub fn shutdown(&self) {
+        self.inner.group.close();
+        let threads =
+            std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    /// Requests with a live output route (for tests and diagnostics).
+    pub fn routed_requests(&self) -> usize {
+        self.inner.routes.len()
+    }
+}
+
+/// The outputs of one submitted request. Dropping it before the request finished aborts
+/// the request, which frees its KV blocks at the rank's next step.
+pub struct RequestStream {
+    id: RequestId,
+    rx: mpsc::UnboundedReceiver<RequestUpdate>,
+    guard: StreamGuard,
+}
+
+impl RequestStream {
+    /// The engine-wide request id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next update; `None` after the finishing update.
+    pub async fn recv(&mut self) -> Option<RequestUpdate> {
+        if self.guard.finished {
+            return None;
+        }
+        let update = self.rx.recv().await?;
+        if update.output.finish.is_some() {
+            self.guard.finished = true;
+        }
+        Some(update)
+    }
+}
+
+struct StreamGuard {
+    engine: Engine,
+    id: RequestId,
+    rank: usize,
+    finished: bool,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.engine.abort(self.id, self.rank);
+        }
+        self.engine.inner.in_flight.send_modify(|n| *n -= 1);
+    }
+}

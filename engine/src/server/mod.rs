@@ -1,0 +1,300 @@
+//! The OpenAI-compatible HTTP frontend: `/v1/completions`, `/v1/chat/completions`,
+//! `/v1/models`, `/health`, `/metrics`; and the SIGTERM drain.
+
+pub mod error;
+mod generate;
+pub mod protocol;
+mod stop;
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+pub use error::ApiError;
+use generate::{Endpoint, Job, unix_now};
+use protocol::{
+    Fields, MAX_TENANT_LEN, PromptInput, parse_gen_params, parse_messages, parse_prompts,
+};
+
+use crate::engine::Engine;
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 8 << 20;
+
+/// The HTTP routes over `engine`.
+pub fn router(engine: Engine) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(engine)
+}
+
+/// Serves until SIGTERM or SIGINT, then drains: new requests get 503, in-flight ones
+/// finish (or are aborted after `--drain-timeout`), the rank threads stop, and it returns.
+pub async fn serve(engine: Engine, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    let app = router(engine.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(drain_on_signal(engine.clone()))
+        .await?;
+    tokio::task::spawn_blocking(move || engine.shutdown())
+        .await
+        .map_err(std::io::Error::other)
+}
+
+async fn drain_on_signal(engine: Engine) {
+    wait_for_signal().await;
+    let timeout = engine.config().drain_timeout;
+    tracing::info!(
+        in_flight = engine.in_flight(),
+        "draining: new requests get 503"
+    );
+    engine.begin_drain();
+    if !engine.wait_idle(timeout).await {
+        tracing::warn!(
+            in_flight = engine.in_flight(),
+            ?timeout,
+            "drain timeout: aborting the rest"
+        );
+        engine.abort_all();
+        engine.wait_idle(Duration::from_secs(10)).await;
+    }
+    tracing::info!("drained");
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers; SIGTERM will not drain");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn completions(
+    State(engine): State<Engine>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    respond(&engine, &headers, body, Endpoint::Completions).await
+}
+
+async fn chat_completions(
+    State(engine): State<Engine>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    respond(&engine, &headers, body, Endpoint::Chat).await
+}
+
+async fn respond(
+    engine: &Engine,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> Response {
+    let job = match prepare(engine, headers, body, endpoint) {
+        Ok(job) => job,
+        Err(e) => return e.into_response(),
+    };
+    if job.params.stream {
+        match generate::stream_events(engine, job) {
+            Ok(events) => Sse::new(events)
+                .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+                .into_response(),
+            Err(e) => e.into_response(),
+        }
+    } else {
+        match generate::complete(engine, job).await {
+            Ok(body) => Json(body).into_response(),
+            Err(e) => e.into_response(),
+        }
+    }
+}
+
+/// Validates a request body into a job, or the error to answer with.
+fn prepare(
+    engine: &Engine,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> Result<Job, ApiError> {
+    if engine.is_draining() {
+        return Err(ApiError::unavailable(
+            "the server is draining and accepts no new requests",
+            "draining",
+        ));
+    }
+    let body = body.map_err(|e| match e {
+        BytesRejection::FailedToBufferBody(_) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::too_large(MAX_BODY_BYTES)
+        }
+        other => ApiError::malformed(other.body_text()),
+    })?;
+    let f = Fields::parse(&body)?;
+    let cfg = engine.config();
+    let served = cfg.served_model_name.as_str();
+    let model = match f.get::<String>("model")? {
+        Some(m) if m != served => return Err(ApiError::unknown_model(&m)),
+        _ => served.to_string(),
+    };
+    let tok = engine.tokenizer();
+    let (params, prompts, prefix) = match endpoint {
+        Endpoint::Completions => {
+            let params = parse_gen_params(&f, &["max_tokens"])?;
+            let prompts = parse_prompts(&f)?
+                .into_iter()
+                .map(|p| match p {
+                    PromptInput::Text(t) => Ok(tok.encode(&t, true)),
+                    PromptInput::Tokens(ids) => {
+                        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= tok.vocab_size()) {
+                            return Err(ApiError::invalid(
+                                "prompt",
+                                format!(
+                                    "token id {bad} is out of range (vocabulary size {})",
+                                    tok.vocab_size()
+                                ),
+                            ));
+                        }
+                        if ids.is_empty() {
+                            return Err(ApiError::invalid(
+                                "prompt",
+                                "a prompt must have at least one token",
+                            ));
+                        }
+                        Ok(ids)
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            (params, prompts, "cmpl")
+        }
+        Endpoint::Chat => {
+            let params = parse_gen_params(&f, &["max_completion_tokens", "max_tokens"])?;
+            let messages = parse_messages(&f)?;
+            (
+                params,
+                vec![tok.encode(&tok.apply_chat_template(&messages), true)],
+                "chatcmpl",
+            )
+        }
+    };
+    let max_len = cfg.max_model_len();
+    let max_tokens = prompts
+        .iter()
+        .map(|p| {
+            if p.len() >= max_len {
+                return Err(ApiError::context_length(format!(
+                    "This model's maximum context length is {max_len} tokens, and the prompt has {} tokens.",
+                    p.len()
+                )));
+            }
+            let want = params.max_tokens.unwrap_or(match endpoint {
+                // OpenAI's completions default; chat defaults to the rest of the context.
+                Endpoint::Completions => 16,
+                Endpoint::Chat => (max_len - p.len()) as u32,
+            });
+            if p.len() + want as usize > max_len {
+                return Err(ApiError::context_length(format!(
+                    "This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({} in the prompt, {want} for the completion).",
+                    p.len() + want as usize,
+                    p.len()
+                )));
+            }
+            Ok(want)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tenant = match headers.get("x-tenant") {
+        Some(v) => {
+            let t = v.to_str().map_err(|_| {
+                ApiError::invalid("x-tenant", "header x-tenant must be visible ASCII")
+            })?;
+            if t.is_empty() || t.len() > MAX_TENANT_LEN {
+                return Err(ApiError::invalid(
+                    "x-tenant",
+                    format!("header x-tenant must have 1 to {MAX_TENANT_LEN} bytes"),
+                ));
+            }
+            Some(t.into())
+        }
+        None => params.user.as_deref().map(Into::into),
+    };
+    let nonce = unix_now();
+    Ok(Job {
+        endpoint,
+        model,
+        id: format!("{prefix}-{nonce:x}{:08x}", rand_suffix()),
+        created: nonce,
+        prompts,
+        max_tokens,
+        params,
+        tenant,
+    })
+}
+
+/// A per-process counter mixed into response ids so they do not repeat within a second.
+fn rand_suffix() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+        .wrapping_mul(0x9E37_79B9)
+}
+
+async fn models(State(engine): State<Engine>) -> Json<serde_json::Value> {
+    let cfg = engine.config();
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": cfg.served_model_name,
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "ballast",
+            "root": cfg.model.name,
+            "max_model_len": cfg.max_model_len(),
+        }],
+    }))
+}
+
+async fn health(State(engine): State<Engine>) -> Response {
+    if engine.is_draining() {
+        ApiError::unavailable("draining", "draining").into_response()
+    } else {
+        Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+async fn metrics(State(engine): State<Engine>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        engine.metrics().render(),
+    )
+        .into_response()
+}

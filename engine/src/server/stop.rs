@@ -1,0 +1,117 @@
+//! Stop strings over streamed text: text that might be the start of a stop string is held
+//! back until it is known not to be one, and the stop string itself is never emitted.
+
+/// Watches one choice's text for its stop strings.
+#[derive(Debug, Clone, Default)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    pending: String,
+}
+
+/// What [`StopMatcher::feed`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopOutcome {
+    /// Text safe to send (possibly empty); generation goes on.
+    Continue(String),
+    /// A stop string matched: send this text (everything before the match) and finish.
+    Stopped(String),
+}
+
+impl StopMatcher {
+    /// A matcher for `stops` (non-empty strings).
+    pub fn new(stops: Vec<String>) -> Self {
+        Self {
+            stops,
+            pending: String::new(),
+        }
+    }
+
+    /// Adds newly decoded text.
+    pub fn feed(&mut self, piece: &str) -> StopOutcome {
+        if self.stops.is_empty() {
+            return StopOutcome::Continue(piece.to_string());
+        }
+        self.pending.push_str(piece);
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
+            let text = self.pending[..at].to_string();
+            self.pending.clear();
+            return StopOutcome::Stopped(text);
+        }
+        let hold = self.longest_stop_prefix_suffix();
+        let cut = self.pending.len() - hold;
+        let text = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        StopOutcome::Continue(text)
+    }
+
+    /// Text held back, released when generation ends for another reason.
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Length of the longest suffix of `pending` that is a proper prefix of a stop string.
+    fn longest_stop_prefix_suffix(&self) -> usize {
+        let p = &self.pending;
+        let mut best = 0;
+        for s in &self.stops {
+            let max = (s.len() - 1).min(p.len());
+            for k in (best + 1..=max).rev() {
+                let start = p.len() - k;
+                if p.is_char_boundary(start) && s.is_char_boundary(k) && p[start..] == s[..k] {
+                    best = k;
+                    break;
+                }
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect());
+        let mut out = String::new();
+        for p in pieces {
+            match m.feed(p) {
+                StopOutcome::Continue(t) => out.push_str(&t),
+                StopOutcome::Stopped(t) => {
+                    out.push_str(&t);
+                    return (out, true);
+                }
+            }
+        }
+        out.push_str(&m.flush());
+        (out, false)
+    }
+
+    #[test]
+    fn stop_split_across_pieces_is_found_and_not_emitted() {
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "Dxyz"]),
+            ("abc ".into(), true)
+        );
+    }
+
+    #[test]
+    fn false_start_is_released() {
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.feed("abE"), StopOutcome::Continue("ab".into()));
+        assert_eq!(m.feed("x"), StopOutcome::Continue("Ex".into()));
+        assert_eq!(run(&["END"], &["abEN"]), ("abEN".into(), false));
+    }
+
+    #[test]
+    fn earliest_of_several_stops_wins_and_unicode_is_safe() {
+        assert_eq!(run(&["b", "a"], &["xxab"]), ("xx".into(), true));
+        assert_eq!(run(&["✓✓"], &["é✓", "x✓✓"]), ("é✓x".into(), true));
+        assert_eq!(run(&[], &["plain"]), ("plain".into(), false));
+    }
+}
