@@ -1,10 +1,11 @@
 //! Vector kernels for the CPU backend with a runtime choice of AVX2+FMA.
 //!
-//! Release binaries target baseline x86-64 so they run on any node; the hot dot product and
-//! axpy are compiled a second time with AVX2/FMA and picked at run time when the CPU has them.
+//! Release binaries target baseline x86-64 so they run on any node; the hot dot products and
+//! axpy also exist as AVX2/FMA kernels, picked at run time when the CPU has them. The
+//! portable versions are the reference the tests compare against.
 
 #[inline(always)]
-fn dot_generic<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     // Eight independent accumulators let the compiler keep a full vector register busy.
@@ -13,11 +14,7 @@ fn dot_generic<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     for c in 0..chunks {
         let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
         for i in 0..8 {
-            acc[i] = if FMA {
-                x[i].mul_add(y[i], acc[i])
-            } else {
-                acc[i] + x[i] * y[i]
-            };
+            acc[i] += x[i] * y[i];
         }
     }
     let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
@@ -27,27 +24,145 @@ fn dot_generic<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Dot products of four rows with one shared row, reading the shared row once: the inner
+/// kernel of skinny matmuls, where the weight row is the expensive operand.
 #[inline(always)]
-fn axpy_generic<const FMA: bool>(alpha: f32, x: &[f32], y: &mut [f32]) {
+fn dot4_generic(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
+    let n = w.len();
+    let mut acc = [[0.0f32; 8]; 4];
+    let chunks = n / 8;
+    for c in 0..chunks {
+        let wc = &w[c * 8..c * 8 + 8];
+        for r in 0..4 {
+            let xc = &x[r][c * 8..c * 8 + 8];
+            for i in 0..8 {
+                acc[r][i] += xc[i] * wc[i];
+            }
+        }
+    }
+    let mut out = [0.0f32; 4];
+    for r in 0..4 {
+        let a = &acc[r];
+        let mut s = (a[0] + a[4]) + (a[1] + a[5]) + ((a[2] + a[6]) + (a[3] + a[7]));
+        for i in chunks * 8..n {
+            s += x[r][i] * w[i];
+        }
+        out[r] = s;
+    }
+    out
+}
+
+#[inline(always)]
+fn axpy_generic(alpha: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
-        *yi = if FMA {
-            xi.mul_add(alpha, *yi)
-        } else {
-            *yi + alpha * xi
-        };
+        *yi += alpha * xi;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    dot_generic::<true>(a, b)
-}
+mod avx2 {
+    //! Hand-written AVX2/FMA kernels: the generic code does not reliably vectorise into
+    //! FMAs with several accumulators, and these loops are most of a decode step.
+    use std::arch::x86_64::*;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn axpy_avx2(alpha: f32, x: &[f32], y: &mut [f32]) {
-    axpy_generic::<true>(alpha, x, y)
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        unsafe {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps(v, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            _mm_cvtss_f32(s)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        unsafe {
+            let n = a.len().min(b.len());
+            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for (u, acc) in acc.iter_mut().enumerate() {
+                    let o = i + 8 * u;
+                    *acc = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(pa.add(o)),
+                        _mm256_loadu_ps(pb.add(o)),
+                        *acc,
+                    );
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                acc[0] = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(pa.add(i)),
+                    _mm256_loadu_ps(pb.add(i)),
+                    acc[0],
+                );
+                i += 8;
+            }
+            let mut s = hsum(_mm256_add_ps(
+                _mm256_add_ps(acc[0], acc[1]),
+                _mm256_add_ps(acc[2], acc[3]),
+            ));
+            while i < n {
+                s += *pa.add(i) * *pb.add(i);
+                i += 1;
+            }
+            s
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot4(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
+        unsafe {
+            let n = w.len();
+            let pw = w.as_ptr();
+            let px = [x[0].as_ptr(), x[1].as_ptr(), x[2].as_ptr(), x[3].as_ptr()];
+            // Two accumulators per row hide FMA latency; w is loaded once per 8 FMAs.
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            let mut i = 0;
+            while i + 16 <= n {
+                let w0 = _mm256_loadu_ps(pw.add(i));
+                let w1 = _mm256_loadu_ps(pw.add(i + 8));
+                for r in 0..4 {
+                    acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(px[r].add(i)), w0, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(px[r].add(i + 8)), w1, acc[r][1]);
+                }
+                i += 16;
+            }
+            let mut out = [0.0f32; 4];
+            for r in 0..4 {
+                let mut s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+                for j in i..n {
+                    s += *px[r].add(j) * *pw.add(j);
+                }
+                out[r] = s;
+            }
+            out
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+        unsafe {
+            let n = x.len().min(y.len());
+            let (px, py) = (x.as_ptr(), y.as_mut_ptr());
+            let a = _mm256_set1_ps(alpha);
+            let mut i = 0;
+            while i + 8 <= n {
+                let v = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i)), a, _mm256_loadu_ps(py.add(i)));
+                _mm256_storeu_ps(py.add(i), v);
+                i += 8;
+            }
+            while i < n {
+                *py.add(i) += alpha * *px.add(i);
+                i += 1;
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -61,9 +176,21 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports the features the function was compiled for.
-        return unsafe { dot_avx2(a, b) };
+        return unsafe { avx2::dot(a, b) };
     }
-    dot_generic::<false>(a, b)
+    dot_generic(a, b)
+}
+
+/// `[dot(x[0], w), …, dot(x[3], w)]`; every `x[r]` must be at least as long as `w`.
+#[inline]
+pub fn dot4(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
+    assert!(x.iter().all(|r| r.len() >= w.len()));
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports the features the function was compiled for.
+        return unsafe { avx2::dot4(x, w) };
+    }
+    dot4_generic(x, w)
 }
 
 /// y[i] += alpha · x[i].
@@ -72,9 +199,9 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU supports the features the function was compiled for.
-        return unsafe { axpy_avx2(alpha, x, y) };
+        return unsafe { avx2::axpy(alpha, x, y) };
     }
-    axpy_generic::<false>(alpha, x, y)
+    axpy_generic(alpha, x, y)
 }
 
 #[cfg(test)]
@@ -88,6 +215,12 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).cos()).collect();
             let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
             assert!((dot(&a, &b) - want).abs() < 1e-4, "n={n}");
+            let c: Vec<f32> = (0..n).map(|i| i as f32 * 0.01).collect();
+            let d4 = dot4([&a, &b, &c, &a], &b);
+            let want4 = [want, dot(&b, &b), dot(&c, &b), want];
+            for (g, w) in d4.iter().zip(want4) {
+                assert!((g - w).abs() < 1e-4, "n={n}");
+            }
             let mut y = b.clone();
             axpy(0.5, &a, &mut y);
             for i in 0..n {
