@@ -1,0 +1,40 @@
+//! `--help` is the reference the docs quote: every flag the binary accepts must be
+//! documented, so a new flag cannot ship undocumented.
+
+use std::process::Command;
+
+fn flags(subcommand: &str) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args([subcommand, "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let mut flags: Vec<String> = help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .map(|l| format!("--{}", l.split([' ', ',', '<']).next().unwrap()))
+        .filter(|f| f != "--help" && f != "--version")
+        .collect();
+    flags.dedup();
+    assert!(flags.len() > 5, "parsed too few flags from:\n{help}");
+    flags
+}
+
+fn doc(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../docs/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+#[test]
+fn every_engine_flag_is_documented() {
+    let docs = doc("engine.md");
+    let missing: Vec<_> = flags("engine").into_iter().filter(|f| !docs.contains(f.as_str())).collect();
+    assert!(missing.is_empty(), "docs/engine.md lacks {missing:?}");
+}
+
+#[test]
+fn every_bench_flag_is_documented() {
+    let docs = doc("bench.md");
+    let missing: Vec<_> = flags("bench").into_iter().filter(|f| !docs.contains(f.as_str())).collect();
+    assert!(missing.is_empty(), "docs/bench.md lacks {missing:?}");
+}
