@@ -28,13 +28,19 @@ fn doc(name: &str) -> String {
 #[test]
 fn every_engine_flag_is_documented() {
     let docs = doc("engine.md");
-    let missing: Vec<_> = flags("engine").into_iter().filter(|f| !docs.contains(f.as_str())).collect();
+    let missing: Vec<_> = flags("engine")
+        .into_iter()
+        .filter(|f| !docs.contains(f.as_str()))
+        .collect();
     assert!(missing.is_empty(), "docs/engine.md lacks {missing:?}");
 }
 
 #[test]
 fn every_bench_flag_is_documented() {
     let docs = doc("bench.md");
-    let missing: Vec<_> = flags("bench").into_iter().filter(|f| !docs.contains(f.as_str())).collect();
+    let missing: Vec<_> = flags("bench")
+        .into_iter()
+        .filter(|f| !docs.contains(f.as_str()))
+        .collect();
     assert!(missing.is_empty(), "docs/bench.md lacks {missing:?}");
 }

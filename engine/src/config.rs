@@ -15,7 +15,12 @@ use crate::scheduler::SchedulerConfig;
 pub struct EngineArgs {
     /// Model to serve: `synthetic:tiny`, `synthetic:small` (CPU) or `synthetic:llama-3-8b`
     /// (reserved for the CUDA backend).
-    #[arg(long, env = "BALLAST_MODEL", value_name = "M", default_value = "synthetic:tiny")]
+    #[arg(
+        long,
+        env = "BALLAST_MODEL",
+        value_name = "M",
+        default_value = "synthetic:tiny"
+    )]
     pub model: String,
 
     /// Name clients send as `model`, and the `model_name` metric label [default: --model].
@@ -23,38 +28,69 @@ pub struct EngineArgs {
     pub served_model_name: Option<String>,
 
     /// Address to listen on for HTTP (OpenAI API, /health, /metrics).
-    #[arg(long, env = "BALLAST_HOST", value_name = "ADDR", default_value = "127.0.0.1")]
+    #[arg(
+        long,
+        env = "BALLAST_HOST",
+        value_name = "ADDR",
+        default_value = "127.0.0.1"
+    )]
     pub host: IpAddr,
 
     /// HTTP port; 0 picks a free port (the chosen one is printed on stdout).
-    #[arg(long, env = "BALLAST_PORT", value_name = "PORT", default_value_t = 8000)]
+    #[arg(
+        long,
+        env = "BALLAST_PORT",
+        value_name = "PORT",
+        default_value_t = 8000
+    )]
     pub port: u16,
 
     /// Port of the gRPC control API; 0 disables it. (The control API is not built yet, so
     /// only 0 is accepted.)
-    #[arg(long, env = "BALLAST_GRPC_PORT", value_name = "PORT", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "BALLAST_GRPC_PORT",
+        value_name = "PORT",
+        default_value_t = 0
+    )]
     pub grpc_port: u16,
 
     /// Data-parallel ranks in this process, each with its own scheduler and KV pool,
     /// stepping in lockstep. Metric label `engine` is the rank.
-    #[arg(long, env = "BALLAST_DATA_PARALLEL_SIZE", value_name = "N", default_value_t = 1)]
+    #[arg(
+        long,
+        env = "BALLAST_DATA_PARALLEL_SIZE",
+        value_name = "N",
+        default_value_t = 1
+    )]
     pub data_parallel_size: usize,
 
     /// How requests are assigned to data-parallel ranks.
     #[arg(
         long,
-        env = "BALLAST_DISPATCH_POLICY", value_name = "POLICY",
+        env = "BALLAST_DISPATCH_POLICY",
+        value_name = "POLICY",
         value_enum,
         default_value = "least-tokens"
     )]
     pub dispatch_policy: DispatchPolicy,
 
     /// Most requests in a rank's running batch.
-    #[arg(long, env = "BALLAST_MAX_NUM_SEQS", value_name = "N", default_value_t = 256)]
+    #[arg(
+        long,
+        env = "BALLAST_MAX_NUM_SEQS",
+        value_name = "N",
+        default_value_t = 256
+    )]
     pub max_num_seqs: usize,
 
     /// Most tokens a rank computes per step (decode tokens plus prefill chunks).
-    #[arg(long, env = "BALLAST_MAX_NUM_BATCHED_TOKENS", value_name = "N", default_value_t = 2048)]
+    #[arg(
+        long,
+        env = "BALLAST_MAX_NUM_BATCHED_TOKENS",
+        value_name = "N",
+        default_value_t = 2048
+    )]
     pub max_num_batched_tokens: usize,
 
     /// Longest prompt + output accepted [default: the model's context length].
@@ -81,7 +117,12 @@ pub struct EngineArgs {
     pub num_kv_blocks: Option<usize>,
 
     /// Tokens per KV block.
-    #[arg(long, env = "BALLAST_BLOCK_SIZE", value_name = "N", default_value_t = 16)]
+    #[arg(
+        long,
+        env = "BALLAST_BLOCK_SIZE",
+        value_name = "N",
+        default_value_t = 16
+    )]
     pub block_size: usize,
 
     /// Share KV blocks between requests with equal prefixes.
@@ -106,7 +147,12 @@ pub struct EngineArgs {
     pub cpu_threads: Option<usize>,
 
     /// On SIGTERM, seconds to wait for in-flight requests before aborting them.
-    #[arg(long, env = "BALLAST_DRAIN_TIMEOUT", value_name = "SECS", default_value_t = 600.0)]
+    #[arg(
+        long,
+        env = "BALLAST_DRAIN_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 600.0
+    )]
     pub drain_timeout: f64,
 }
 
