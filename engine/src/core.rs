@@ -57,6 +57,8 @@ pub struct GatherMsg {
     pub stop: bool,
     /// The rank's planned load.
     pub load: RankLoad,
+    /// The wake sequence the rank read before draining its inbox.
+    pub seen: u64,
 }
 
 /// One rank's step loop and everything it owns.
@@ -98,6 +100,7 @@ impl RankWorker {
                     tokens: plan.num_tokens as u64,
                     attention_pairs: plan.attention_pairs(),
                 },
+                seen,
             };
             let mut timer = SyncTimer::default();
             let Ok(all) = timer.time(|| self.group.all_gather(self.rank, msg)) else {
@@ -107,12 +110,17 @@ impl RankWorker {
                 self.group.close();
                 return;
             }
+            // Ranks read the wake sequence at slightly different times. Sleeping until it
+            // moves past the *oldest* reading is what makes the decision safe: a request
+            // pushed before that reading was drained by its rank (so someone has work), and
+            // one pushed after it has already moved the sequence (so nobody sleeps).
+            let oldest_seen = all.iter().map(|m| m.seen).min().unwrap_or(seen);
             if !all.iter().any(|m| m.has_work) {
                 if !self.flush_idle(&mut step, &mut last_sent) {
                     self.group.close();
                     return;
                 }
-                self.group.wait_for_wake(seen);
+                self.group.wait_for_wake(oldest_seen);
                 continue;
             }
             let loads: Vec<RankLoad> = all.iter().map(|m| m.load).collect();

@@ -13,6 +13,21 @@ use ballast_engine::scheduler::{EngineRequest, Scheduler, SchedulerConfig};
 use ballast_engine::tenants::TenantLedger;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+fn request(id: u64, prompt_len: usize, max_tokens: u32) -> EngineRequest {
+    EngineRequest {
+        id,
+        prompt: (0..prompt_len as u32).collect(),
+        sampling: SamplingParams {
+            max_tokens,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
+        rng_seed: id,
+        tenant: None,
+        eos_token_id: 257,
+    }
+}
+
 struct Group {
     inboxes: Vec<std::sync::mpsc::Sender<RankCommand>>,
     group: Arc<DpGroup<ballast_engine::core::GatherMsg>>,
@@ -57,36 +72,54 @@ fn start(num_ranks: usize) -> Group {
 }
 
 impl Group {
+    /// Waits until every rank has reported going idle (its first flush), so all of them are
+    /// asleep or about to sleep on the current wake sequence.
+    fn wait_all_idle(&mut self) {
+        let mut idle = vec![false; self.inboxes.len()];
+        while !idle.iter().all(|i| *i) {
+            let s = self.outputs.blocking_recv().unwrap();
+            if matches!(s.dp, Ok(None)) {
+                idle[s.rank] = true;
+            }
+        }
+    }
+
+    /// Queues a request without waking the group.
+    fn push(&self, rank: usize, id: u64, prompt_len: usize, max_tokens: u32) {
+        self.inboxes[rank]
+            .send(RankCommand::Add(request(id, prompt_len, max_tokens)))
+            .unwrap();
+    }
+
     fn submit(&self, rank: usize, id: u64, prompt_len: usize, max_tokens: u32) {
-        let req = EngineRequest {
-            id,
-            prompt: (0..prompt_len as u32).collect(),
-            sampling: SamplingParams {
-                max_tokens,
-                ignore_eos: true,
-                ..SamplingParams::default()
-            },
-            rng_seed: id,
-            tenant: None,
-            eos_token_id: 257,
-        };
-        self.inboxes[rank].send(RankCommand::Add(req)).unwrap();
+        self.push(rank, id, prompt_len, max_tokens);
         self.group.wake();
     }
 
-    /// Collects step outputs until `n` requests finished.
+    /// Collects step outputs until `n` requests finished and every rank has reported the
+    /// step in which the last one finished (ranks send their outputs independently).
     fn collect_until_finished(&mut self, n: usize) -> Vec<StepOutput> {
-        let mut steps = Vec::new();
+        let mut steps: Vec<StepOutput> = Vec::new();
         let mut finished = 0;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while finished < n {
+        let ranks = self.inboxes.len();
+        let stepped = |steps: &[StepOutput], rank| {
+            steps
+                .iter()
+                .filter(|s| s.rank == rank && s.dp.as_ref().is_ok_and(|d| d.is_some()))
+                .count()
+        };
+        while finished < n || (1..ranks).any(|r| stepped(&steps, r) < stepped(&steps, 0)) {
             match self.outputs.try_recv() {
                 Ok(s) => {
                     finished += s.outputs.iter().filter(|o| o.finish.is_some()).count();
                     steps.push(s);
                 }
                 Err(_) => {
-                    assert!(Instant::now() < deadline, "requests did not finish");
+                    assert!(
+                        Instant::now() < deadline,
+                        "requests did not finish: {steps:#?}"
+                    );
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
@@ -150,18 +183,24 @@ fn ranks_step_together_and_report_balance() {
 #[test]
 fn balanced_load_has_ratio_one_and_idle_group_sleeps() {
     let mut g = start(2);
-    g.submit(0, 1, 6, 2);
-    g.submit(1, 2, 6, 2);
+    // Both requests are queued while every rank sleeps, then one wake-up: they start in the
+    // same step, so every step is perfectly balanced.
+    g.wait_all_idle();
+    g.push(0, 1, 6, 2);
+    g.push(1, 2, 6, 2);
+    g.group.wake();
     let steps = g.collect_until_finished(2);
     let ratios: Vec<f64> = steps
         .iter()
         .filter_map(|s| s.dp.as_ref().unwrap().map(|b| b.token_imbalance_ratio()))
         .collect();
-    assert!(!ratios.is_empty());
-    // Both arrive before the first step only if the group was idle when they came; either
-    // way every step with both requests in it is perfectly balanced.
+    assert_eq!(
+        ratios.len(),
+        4,
+        "two steps (prefill, decode) seen by two ranks"
+    );
     assert!(
-        ratios.iter().any(|&r| (r - 1.0).abs() < 1e-12),
+        ratios.iter().all(|&r| (r - 1.0).abs() < 1e-12),
         "{ratios:?}"
     );
     // With no work left the ranks sleep: no further steps with balance samples.

@@ -212,16 +212,13 @@ pub async fn complete(engine: &Engine, job: Job) -> Result<Value, ApiError> {
     let choices = start(engine, &job)?;
     let finished = futures::future::join_all(choices.into_iter().map(|mut c| async move {
         let mut text = String::new();
-        loop {
-            match c.next().await {
-                Some(d) if d.finish.is_some() => {
-                    text.push_str(&d.text);
-                    return (text, d);
-                }
-                Some(d) => text.push_str(&d.text),
-                None => unreachable!("a choice always ends with a finish delta"),
-            }
+        // A choice always ends with a delta that carries its finish reason.
+        let mut last = c.delta(String::new(), Some(FinishReason::Abort.as_str()));
+        while let Some(d) = c.next().await {
+            text.push_str(&d.text);
+            last = d;
         }
+        (text, last)
     }))
     .await;
     let mut usage = Usage::default();
