@@ -70,6 +70,17 @@ fn bad_flags_exit_2_and_name_the_flag() {
         (&["--max-num-seqs", "0"][..], "--max-num-seqs"),
         (&["--no-such-flag"][..], "--no-such-flag"),
         (&["--block-size", "abc"][..], "--block-size"),
+        (
+            &["--custom-histogram-buckets", r#"{"ttft": [1]}"#][..],
+            "\"ttft\"",
+        ),
+        (
+            &[
+                "--custom-histogram-buckets",
+                r#"{"iteration_tokens": [4, 2]}"#,
+            ][..],
+            "iteration_tokens",
+        ),
     ] {
         let out = ballast().arg("engine").args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -3,11 +3,13 @@
 use std::net::IpAddr;
 
 use clap::Args;
+use clap::builder::BoolishValueParser;
 
 use crate::admission::AdmissionLimits;
 use crate::dispatcher::DispatchPolicy;
 use crate::model::{ModelError, ModelSpec};
 use crate::scheduler::SchedulerConfig;
+use crate::stats::buckets::Buckets;
 
 /// Flags of `ballast engine`. Names follow vLLM where a vLLM user would look for them; every
 /// flag also reads the `BALLAST_*` environment variable shown in `--help`.
@@ -146,6 +148,46 @@ pub struct EngineArgs {
     #[arg(long, env = "BALLAST_CPU_THREADS", value_name = "N")]
     pub cpu_threads: Option<usize>,
 
+    /// Seconds between the per-engine stats log lines (and generation-throughput window).
+    #[arg(
+        long,
+        env = "BALLAST_LOG_STATS_INTERVAL",
+        value_name = "SECS",
+        default_value_t = 5.0
+    )]
+    pub log_stats_interval: f64,
+
+    /// Turn off the stats log line and per-request statistics (latency and token
+    /// histograms); gauges and counters on /metrics stay.
+    #[arg(long, env = "BALLAST_DISABLE_LOG_STATS", value_parser = BoolishValueParser::new())]
+    pub disable_log_stats: bool,
+
+    /// Log one line summed over all data-parallel engines (KV usage as the max) instead of
+    /// one line per engine.
+    #[arg(long, env = "BALLAST_AGGREGATE_ENGINE_LOGGING", value_parser = BoolishValueParser::new())]
+    pub aggregate_engine_logging: bool,
+
+    /// Replace histogram bucket families, e.g. '{"time_to_first_token": [0.05, 0.1, 0.5]}'.
+    /// Families: request_latency, time_to_first_token, inter_token_latency, iteration_tokens,
+    /// request_tokens, kv_cache_residency, dp_sync_wait, dp_imbalance_ratio,
+    /// http_request_duration.
+    #[arg(long, env = "BALLAST_CUSTOM_HISTOGRAM_BUCKETS", value_name = "JSON")]
+    pub custom_histogram_buckets: Option<String>,
+
+    /// Export KV residency histograms (block lifetime, idle before eviction, reuse gap) for
+    /// a sample of blocks.
+    #[arg(long, env = "BALLAST_KV_CACHE_METRICS", value_parser = BoolishValueParser::new())]
+    pub kv_cache_metrics: bool,
+
+    /// Fraction of block allocations (0..1) that --kv-cache-metrics follows.
+    #[arg(
+        long,
+        env = "BALLAST_KV_CACHE_METRICS_SAMPLE",
+        value_name = "F",
+        default_value_t = 0.01
+    )]
+    pub kv_cache_metrics_sample: f64,
+
     /// On SIGTERM, seconds to wait for in-flight requests before aborting them.
     #[arg(
         long,
@@ -220,6 +262,23 @@ pub struct EngineConfig {
     pub cpu_threads: Option<usize>,
     /// Drain limit on SIGTERM.
     pub drain_timeout: std::time::Duration,
+    /// Statistics and logging.
+    pub stats: StatsConfig,
+}
+
+/// How the engine computes and publishes statistics.
+#[derive(Debug, Clone)]
+pub struct StatsConfig {
+    /// Log line interval; also the generation-throughput window.
+    pub log_interval: std::time::Duration,
+    /// No log line, no per-request statistics.
+    pub disable_log_stats: bool,
+    /// One log line for all engines.
+    pub aggregate_engine_logging: bool,
+    /// Histogram buckets.
+    pub buckets: Buckets,
+    /// Sampling rate of KV residency tracking, when on.
+    pub kv_residency_sample: Option<f64>,
 }
 
 impl EngineConfig {
@@ -298,6 +357,20 @@ impl EngineConfig {
             Some(n) => n,
             None => (DEFAULT_KV_BYTES / (per_token * a.block_size)).max(min_blocks),
         };
+        if !(a.log_stats_interval.is_finite() && a.log_stats_interval > 0.0) {
+            return Err(bad(
+                "log-stats-interval",
+                "must be a positive number of seconds",
+            ));
+        }
+        if !(0.0..=1.0).contains(&a.kv_cache_metrics_sample) {
+            return Err(bad("kv-cache-metrics-sample", "must be between 0 and 1"));
+        }
+        let buckets = match &a.custom_histogram_buckets {
+            Some(json) => Buckets::with_custom(model.max_model_len, json)
+                .map_err(|e| bad("custom-histogram-buckets", e.to_string()))?,
+            None => Buckets::defaults(model.max_model_len),
+        };
         let enable_prefix_caching = a.enable_prefix_caching && !a.no_enable_prefix_caching;
         Ok(Self {
             served_model_name: a
@@ -324,6 +397,13 @@ impl EngineConfig {
             seed: a.seed,
             cpu_threads: a.cpu_threads,
             drain_timeout: std::time::Duration::from_secs_f64(a.drain_timeout),
+            stats: StatsConfig {
+                log_interval: std::time::Duration::from_secs_f64(a.log_stats_interval),
+                disable_log_stats: a.disable_log_stats,
+                aggregate_engine_logging: a.aggregate_engine_logging,
+                buckets,
+                kv_residency_sample: a.kv_cache_metrics.then_some(a.kv_cache_metrics_sample),
+            },
             model,
         })
     }
@@ -367,7 +447,22 @@ mod tests {
 
     #[test]
     fn errors_name_the_flag() {
-        let cases: [(&[&str], &str); 6] = [
+        let cases: [(&[&str], &str); 9] = [
+            (
+                &["--custom-histogram-buckets", r#"{"ttft": [1]}"#],
+                "custom-histogram-buckets",
+            ),
+            (
+                &[
+                    "--custom-histogram-buckets",
+                    r#"{"request_latency": [2, 1]}"#,
+                ],
+                "custom-histogram-buckets",
+            ),
+            (
+                &["--kv-cache-metrics-sample", "2"],
+                "kv-cache-metrics-sample",
+            ),
             (&["--num-kv-blocks", "3"], "num-kv-blocks"),
             (&["--data-parallel-size", "0"], "data-parallel-size"),
             (&["--model", "synthetic:nope"], "model"),

@@ -15,6 +15,7 @@ use crate::backend::StepMetadata;
 use crate::dp::{DpBalance, DpGroup, DpStatsError, RankLoad, SyncTimer, dp_balance};
 use crate::events::{RequestId, RequestStepOutput, SchedulerSnapshot, StepCounters};
 use crate::executor::Executor;
+use crate::kv::ResidencySample;
 use crate::scheduler::{EngineRequest, Scheduler};
 
 /// A message to one rank.
@@ -43,6 +44,8 @@ pub struct StepOutput {
     pub snapshot: SchedulerSnapshot,
     /// Increments of the step.
     pub counters: StepCounters,
+    /// Sampled KV residency events of the step (empty unless `--kv-cache-metrics`).
+    pub residency: Vec<ResidencySample>,
     /// Data-parallel balance; `Ok(None)` when no step ran (the whole group is idle and this
     /// output only reports aborts and the current snapshot).
     pub dp: Result<Option<DpBalance>, DpStatsError>,
@@ -135,6 +138,7 @@ impl RankWorker {
                 outputs: self.scheduler.take_outputs(),
                 snapshot: self.scheduler.snapshot(),
                 counters: self.scheduler.take_counters(),
+                residency: self.scheduler.take_residency(),
                 dp,
             };
             step += 1;
@@ -169,6 +173,7 @@ impl RankWorker {
             outputs,
             snapshot,
             counters: self.scheduler.take_counters(),
+            residency: self.scheduler.take_residency(),
             dp: Ok(None),
         };
         *step += 1;

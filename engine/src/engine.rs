@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 
@@ -17,12 +17,15 @@ use crate::dispatcher::Dispatcher;
 use crate::dp::DpGroup;
 use crate::events::RequestId;
 use crate::executor::{Executor, ModelExecutor};
-use crate::metrics::EngineMetrics;
+use crate::metrics::{EngineMetrics, MetricsConfig};
 use crate::model::LlamaModel;
-use crate::output::{RequestUpdate, RouteTable, route_outputs};
+use crate::output::{OutputProcessor, RequestUpdate, RouteTable};
 use crate::rng::SplitMix64;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{EngineRequest, Scheduler};
+use crate::stats::flops::FlopsModel;
+use crate::stats::timeline::RequestTimeline;
+use crate::stats::{LogLineLogger, PrometheusLogger, StatLogger};
 use crate::tenants::{Tenant, TenantLedger};
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
 
@@ -35,6 +38,10 @@ pub struct Submission {
     pub sampling: SamplingParams,
     /// Tenant for the running cap.
     pub tenant: Option<Tenant>,
+    /// Frontend wall clock when the HTTP request arrived (before tokenization).
+    pub arrival: SystemTime,
+    /// Monotonic clock read together with `arrival`.
+    pub arrival_instant: Instant,
 }
 
 /// Why a submission was not accepted.
@@ -60,7 +67,7 @@ struct Inner {
     admission: Arc<AdmissionLedger>,
     tenants: Arc<TenantLedger>,
     routes: Arc<RouteTable>,
-    metrics: EngineMetrics,
+    metrics: Arc<EngineMetrics>,
     next_id: AtomicU64,
     draining: AtomicBool,
     in_flight: watch::Sender<usize>,
@@ -111,20 +118,31 @@ impl Engine {
         let admission = Arc::new(AdmissionLedger::new(config.admission));
         let tenants = Arc::new(TenantLedger::new(config.max_running_per_tenant));
         let routes = Arc::new(RouteTable::default());
-        let metrics = EngineMetrics::new(&config.served_model_name, n);
+        let s = config.scheduler;
+        let metrics = Arc::new(EngineMetrics::new(&MetricsConfig {
+            model_name: config.served_model_name.clone(),
+            num_ranks: n,
+            buckets: config.stats.buckets.clone(),
+            block_size: s.block_size,
+            num_blocks: s.num_blocks,
+            enable_prefix_caching: s.enable_prefix_caching,
+            max_num_seqs: s.max_num_seqs,
+            max_num_batched_tokens: s.max_num_batched_tokens,
+            max_model_len: s.max_model_len,
+        }));
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let mut ranks = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
         for (rank, executor) in executors.into_iter().enumerate() {
             let (tx, rx) = std::sync::mpsc::channel();
             ranks.push(tx);
+            let mut scheduler = Scheduler::new(s, Arc::clone(&tenants), Arc::clone(&admission));
+            if let Some(rate) = config.stats.kv_residency_sample {
+                scheduler.track_kv_residency(rate, config.seed ^ rank as u64);
+            }
             let worker = RankWorker {
                 rank,
-                scheduler: Scheduler::new(
-                    config.scheduler,
-                    Arc::clone(&tenants),
-                    Arc::clone(&admission),
-                ),
+                scheduler,
                 executor,
                 inbox: rx,
                 group: Arc::clone(&group),
@@ -137,12 +155,27 @@ impl Engine {
             threads.push(handle);
         }
         drop(out_tx);
-        tokio::spawn(route_outputs(
-            out_rx,
-            Arc::clone(&routes),
-            Arc::clone(&dispatcher),
-            metrics.clone(),
-        ));
+        let st = &config.stats;
+        let mut loggers: Vec<Box<dyn StatLogger>> = vec![Box::new(PrometheusLogger::new(
+            Arc::clone(&metrics),
+            FlopsModel::new(&config.model, 4),
+            s.max_num_seqs,
+            st.log_interval,
+        ))];
+        if !st.disable_log_stats {
+            loggers.push(Box::new(LogLineLogger::new(
+                n,
+                st.aggregate_engine_logging,
+                Instant::now(),
+            )));
+        }
+        let processor = OutputProcessor {
+            table: Arc::clone(&routes),
+            dispatcher: Arc::clone(&dispatcher),
+            loggers,
+            tick: Some(st.log_interval),
+        };
+        tokio::spawn(processor.run(out_rx));
         Engine {
             inner: Arc::new(Inner {
                 config,
@@ -174,6 +207,11 @@ impl Engine {
 
     /// The metrics registry.
     pub fn metrics(&self) -> &EngineMetrics {
+        &self.inner.metrics
+    }
+
+    /// The metrics registry, shared.
+    pub fn metrics_arc(&self) -> &Arc<EngineMetrics> {
         &self.inner.metrics
     }
 
@@ -215,7 +253,15 @@ impl Engine {
             let charged = (sub.prompt.len() + sub.sampling.max_tokens as usize) as u64;
             let rank = inner.dispatcher.assign(charged);
             let (tx, rx) = mpsc::unbounded_channel();
-            inner.routes.register(id, rank, charged, tx);
+            let timeline = (!inner.config.stats.disable_log_stats).then(|| {
+                RequestTimeline::new(
+                    sub.arrival,
+                    sub.arrival_instant,
+                    sub.prompt.len() as u32,
+                    sub.sampling.max_tokens,
+                )
+            });
+            inner.routes.register(id, rank, charged, tx, timeline);
             inner.in_flight.send_modify(|n| *n += 1);
             let rng_seed = match sub.sampling.seed {
                 Some(seed) => seed,

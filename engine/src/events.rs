@@ -152,6 +152,12 @@ pub struct StepCounters {
     pub retracted_output_tokens: u32,
     /// Prefix-cache lookups of the step (take-and-reset from the KV manager).
     pub prefix_cache: PrefixCacheStats,
+    /// Rows sampled (sequences that produced a token).
+    pub sampled: u32,
+    /// Causal (query, key) attention pairs computed.
+    pub attention_pairs: u64,
+    /// Tokens of K/V context the step's sequences attend over (Σ context + new tokens).
+    pub context_tokens: u64,
 }
 
 #[cfg(test)]

@@ -1,19 +1,22 @@
-//! The output side of the engine: routes each step's per-request outputs to the waiting
-//! HTTP handlers and feeds the step's snapshot to the metrics.
+//! The output side of the engine (the compute layer of the metrics pipeline): routes each
+//! step's per-request outputs to the waiting HTTP handlers, turns engine events and
+//! timestamps into per-request intervals, and hands one [`StepStats`] per step to every
+//! stat logger.
 //!
-//! One task owns this loop, so per-request bookkeeping needs no locks beyond the route
-//! table that handlers register in before their request reaches a rank.
+//! One task owns this loop. Handlers register their request in the route table before the
+//! request reaches a rank, so no output can arrive for an unknown request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::core::StepOutput;
 use crate::dispatcher::Dispatcher;
 use crate::events::{RequestId, RequestStepOutput};
-use crate::metrics::EngineMetrics;
+use crate::stats::timeline::{RequestTimeline, TokenSample};
+use crate::stats::{IterationStats, StatLogger, StepStats};
 
 /// One update for a request's handler.
 #[derive(Debug, Clone, Copy)]
@@ -28,9 +31,11 @@ struct Route {
     tx: UnboundedSender<RequestUpdate>,
     rank: usize,
     charged_tokens: u64,
+    /// `None` with `--disable-log-stats`: no per-request stats are computed.
+    timeline: Option<RequestTimeline>,
 }
 
-/// Request id → handler channel.
+/// Request id → handler channel and per-request stats state.
 #[derive(Default)]
 pub struct RouteTable {
     routes: Mutex<HashMap<RequestId, Route>>,
@@ -44,6 +49,7 @@ impl RouteTable {
         rank: usize,
         charged_tokens: u64,
         tx: UnboundedSender<RequestUpdate>,
+        timeline: Option<RequestTimeline>,
     ) {
         self.lock().insert(
             id,
@@ -51,6 +57,7 @@ impl RouteTable {
                 tx,
                 rank,
                 charged_tokens,
+                timeline,
             },
         );
     }
@@ -75,37 +82,107 @@ impl RouteTable {
     }
 }
 
-/// Consumes step outputs until every rank is gone.
-pub async fn route_outputs(
-    mut rx: UnboundedReceiver<StepOutput>,
-    table: Arc<RouteTable>,
-    dispatcher: Arc<Dispatcher>,
-    metrics: EngineMetrics,
-) {
-    while let Some(step) = rx.recv().await {
-        // Gauges first: whoever sees a token can rely on metrics being at least this fresh.
-        metrics.observe_snapshot(step.rank, &step.snapshot);
-        {
-            let mut routes = table.lock();
-            for out in &step.outputs {
-                let done = out.finish.is_some();
-                let Some(route) = routes.get(&out.id) else {
-                    continue;
-                };
-                // A handler that went away aborts its request through its guard; a failed
-                // send here needs no action.
-                let _ = route.tx.send(RequestUpdate {
-                    output: *out,
-                    step_ts: step.new_tokens_ts,
-                });
-                if done {
-                    let route = routes.remove(&out.id).expect("present");
-                    dispatcher.release(route.rank, route.charged_tokens);
+/// Consumes step outputs and feeds handlers and loggers.
+pub struct OutputProcessor {
+    /// Routes of live requests.
+    pub table: Arc<RouteTable>,
+    /// Released when a request finishes.
+    pub dispatcher: Arc<Dispatcher>,
+    /// Every consumer of the stats feed.
+    pub loggers: Vec<Box<dyn StatLogger>>,
+    /// How often loggers tick (log line, throughput decay); `None`: never.
+    pub tick: Option<Duration>,
+}
+
+impl OutputProcessor {
+    /// Runs until every rank is gone.
+    pub async fn run(mut self, mut rx: UnboundedReceiver<StepOutput>) {
+        let mut tick = self.tick.map(|d| {
+            let mut i = tokio::time::interval(d);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
+        loop {
+            tokio::select! {
+                step = rx.recv() => match step {
+                    Some(step) => self.process(step),
+                    None => return,
+                },
+                _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => {
+                    let now = Instant::now();
+                    for l in &mut self.loggers {
+                        l.tick(now);
+                    }
                 }
             }
         }
+    }
+
+    /// Computes the step's stats, publishes them, then delivers the outputs. Loggers run
+    /// first so whoever sees a token can rely on `/metrics` being at least that fresh.
+    pub fn process(&mut self, step: StepOutput) {
+        let wall_now = SystemTime::now();
+        let mut it = IterationStats::default();
+        {
+            let mut routes = self.table.lock();
+            for out in &step.outputs {
+                let Some(route) = routes.get_mut(&out.id) else {
+                    continue;
+                };
+                let Some(tl) = route.timeline.as_mut() else {
+                    it.generation_tokens += out.new_token.is_some() as u64;
+                    continue;
+                };
+                tl.on_events(&out.events);
+                if let Some(c) = out.num_cached_tokens {
+                    tl.num_cached_tokens = c;
+                }
+                if out.new_token.is_some() {
+                    it.generation_tokens += 1;
+                    match tl.on_token(step.new_tokens_ts, wall_now) {
+                        TokenSample::First { ttft } => {
+                            it.ttft.push(ttft.as_secs_f64());
+                            it.prompt_tokens += tl.prompt_len as u64;
+                            it.prompt_cached_tokens += tl.num_cached_tokens as u64;
+                        }
+                        TokenSample::Next { itl } => it.itl.push(itl.as_secs_f64()),
+                    }
+                }
+                if let Some(reason) = out.finish {
+                    it.finished.push(tl.finish(reason, wall_now));
+                }
+            }
+        }
+        let stats = StepStats {
+            rank: step.rank,
+            ts: step.new_tokens_ts,
+            snapshot: &step.snapshot,
+            counters: &step.counters,
+            iteration: &it,
+            dp: step.dp.as_ref().ok().and_then(Option::as_ref),
+            residency: &step.residency,
+        };
+        for l in &mut self.loggers {
+            l.record(&stats);
+        }
         if let Err(e) = &step.dp {
             tracing::error!(rank = step.rank, step = step.step, error = %e, "invalid data-parallel statistics");
+        }
+        let mut routes = self.table.lock();
+        for out in &step.outputs {
+            let Some(route) = routes.get(&out.id) else {
+                continue;
+            };
+            // A handler that went away aborts its request through its guard; a failed send
+            // here needs no action.
+            let _ = route.tx.send(RequestUpdate {
+                output: *out,
+                step_ts: step.new_tokens_ts,
+            });
+            if out.finish.is_some() {
+                let route = routes.remove(&out.id).expect("present");
+                self.dispatcher.release(route.rank, route.charged_tokens);
+            }
         }
     }
 }

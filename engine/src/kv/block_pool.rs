@@ -11,8 +11,10 @@
 //! A prefix-cache hit on an evictable block takes it out of the queue in O(1).
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use super::hash::BlockHash;
+use crate::rng::SplitMix64;
 
 /// Index of a block in the pool.
 pub type BlockId = u32;
@@ -26,6 +28,33 @@ struct Block {
     prev: u32,
     next: u32,
     in_free_queue: bool,
+}
+
+/// A KV residency observation of a sampled block (`--kv-cache-metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResidencySample {
+    /// Allocation to eviction of cached content.
+    Lifetime(Duration),
+    /// Last use (release or prefix hit) to eviction.
+    IdleBeforeEvict(Duration),
+    /// Time between two uses: release or hit, then a prefix hit.
+    ReuseGap(Duration),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BlockTimes {
+    sampled: bool,
+    born: Instant,
+    last_use: Instant,
+}
+
+/// Residency tracking for a sampled fraction of blocks.
+#[derive(Debug)]
+struct Residency {
+    rate: f64,
+    rng: SplitMix64,
+    times: Vec<BlockTimes>,
+    samples: Vec<ResidencySample>,
 }
 
 /// Block counts by state; `used + evictable + available == total`.
@@ -56,6 +85,7 @@ pub struct BlockPool {
     duplicates: HashMap<BlockHash, Vec<BlockId>>,
     enable_caching: bool,
     evictions: u64,
+    residency: Option<Residency>,
 }
 
 impl BlockPool {
@@ -81,11 +111,38 @@ impl BlockPool {
             duplicates: HashMap::new(),
             enable_caching,
             evictions: 0,
+            residency: None,
         };
         for id in 0..num_blocks as u32 {
             pool.push_back(id);
         }
         pool
+    }
+
+    /// Samples KV residency of a `rate` fraction of allocations (0..=1), seeded by `seed`.
+    pub fn track_residency(&mut self, rate: f64, seed: u64) {
+        let now = Instant::now();
+        self.residency = Some(Residency {
+            rate: rate.clamp(0.0, 1.0),
+            rng: SplitMix64::new(seed),
+            times: vec![
+                BlockTimes {
+                    sampled: false,
+                    born: now,
+                    last_use: now,
+                };
+                self.blocks.len()
+            ],
+            samples: Vec::new(),
+        });
+    }
+
+    /// Residency samples since the last call (take-and-reset).
+    pub fn take_residency(&mut self) -> Vec<ResidencySample> {
+        self.residency
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.samples))
+            .unwrap_or_default()
     }
 
     /// Size of the pool.
@@ -153,6 +210,18 @@ impl BlockPool {
             }
             self.blocks[id as usize].ref_cnt += 1;
         }
+        if let Some(r) = &mut self.residency {
+            let now = Instant::now();
+            for &id in ids {
+                let t = &mut r.times[id as usize];
+                if t.sampled {
+                    r.samples.push(ResidencySample::ReuseGap(
+                        now.saturating_duration_since(t.last_use),
+                    ));
+                    t.last_use = now;
+                }
+            }
+        }
     }
 
     /// Takes `n` blocks from the front of the free queue, evicting cached content, each with
@@ -165,9 +234,27 @@ impl BlockPool {
         for _ in 0..n {
             let id = self.head;
             self.unlink(id);
-            if let Some(h) = self.blocks[id as usize].hash.take() {
+            let evicted = self.blocks[id as usize].hash.take();
+            if let Some(h) = evicted {
                 self.forget(h, id);
                 self.evictions += 1;
+            }
+            if let Some(r) = &mut self.residency {
+                let now = Instant::now();
+                let t = &mut r.times[id as usize];
+                if t.sampled && evicted.is_some() {
+                    r.samples.push(ResidencySample::Lifetime(
+                        now.saturating_duration_since(t.born),
+                    ));
+                    r.samples.push(ResidencySample::IdleBeforeEvict(
+                        now.saturating_duration_since(t.last_use),
+                    ));
+                }
+                *t = BlockTimes {
+                    sampled: r.rng.next_f64() < r.rate,
+                    born: now,
+                    last_use: now,
+                };
             }
             self.blocks[id as usize].ref_cnt = 1;
             out.push(id);
@@ -185,6 +272,11 @@ impl BlockPool {
             block.ref_cnt -= 1;
             if block.ref_cnt == 0 {
                 self.push_back(id);
+                if let Some(r) = &mut self.residency
+                    && r.times[id as usize].sampled
+                {
+                    r.times[id as usize].last_use = Instant::now();
+                }
             }
         }
     }
@@ -400,6 +492,32 @@ mod tests {
         p.allocate(2).unwrap();
         assert_eq!(p.lookup(9), Some(a[1]));
         p.check_invariants();
+    }
+
+    #[test]
+    fn residency_samples_lifetime_idle_and_reuse_of_sampled_blocks() {
+        let mut p = BlockPool::new(1, true);
+        p.track_residency(1.0, 0);
+        let a = p.allocate(1).unwrap();
+        p.cache_block(a[0], 3);
+        p.free(a.clone());
+        std::thread::sleep(Duration::from_millis(5));
+        p.touch(&a); // prefix hit
+        p.free(a);
+        let s = p.take_residency();
+        assert!(matches!(s[..], [ResidencySample::ReuseGap(g)] if g >= Duration::from_millis(5)));
+        p.allocate(1).unwrap(); // evicts the cached content
+        let s = p.take_residency();
+        assert!(
+            matches!(s[..], [ResidencySample::Lifetime(l), ResidencySample::IdleBeforeEvict(i)] if l >= Duration::from_millis(5) && i <= l)
+        );
+        assert!(p.take_residency().is_empty(), "take-and-reset");
+        let mut none = BlockPool::new(4, true);
+        none.track_residency(0.0, 0);
+        let b = none.allocate(4).unwrap();
+        none.free(b);
+        none.allocate(4).unwrap();
+        assert!(none.take_residency().is_empty(), "rate 0 samples nothing");
     }
 
     #[test]

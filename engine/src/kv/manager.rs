@@ -74,6 +74,16 @@ impl KvCacheManager {
         &self.pool
     }
 
+    /// Samples KV residency of a `rate` fraction of block allocations.
+    pub fn track_residency(&mut self, rate: f64, seed: u64) {
+        self.pool.track_residency(rate, seed);
+    }
+
+    /// Residency samples since the last call.
+    pub fn take_residency(&mut self) -> Vec<super::ResidencySample> {
+        self.pool.take_residency()
+    }
+
     /// Blocks held by `req`, in token order.
     pub fn block_table(&self, req: RequestId) -> &[BlockId] {
         self.held.get(&req).map_or(&[], |h| &h.blocks)

@@ -8,6 +8,6 @@ pub mod block_pool;
 pub mod hash;
 pub mod manager;
 
-pub use block_pool::{BlockId, BlockPool, PoolCounts};
+pub use block_pool::{BlockId, BlockPool, PoolCounts, ResidencySample};
 pub use hash::{BlockHash, hash_block};
 pub use manager::{KvCacheManager, PrefixCacheStats};

@@ -379,8 +379,12 @@ impl Scheduler {
             let prompt_end = req
                 .prompt_len
                 .clamp(s.context_len, s.context_len + s.num_new_tokens);
-            self.counters.prefill_tokens += (prompt_end - s.context_len) as u32;
-            self.counters.scheduled_tokens += s.num_new_tokens as u32;
+            let c = &mut self.counters;
+            c.prefill_tokens += (prompt_end - s.context_len) as u32;
+            c.scheduled_tokens += s.num_new_tokens as u32;
+            c.attention_pairs += attention_pairs(s.num_new_tokens as u64, s.context_len as u64);
+            c.context_tokens += (s.context_len + s.num_new_tokens) as u64;
+            c.sampled += s.samples as u32;
             req.num_computed += s.num_new_tokens;
             if !s.samples {
                 continue;
@@ -444,6 +448,16 @@ impl Scheduler {
     pub fn take_outputs(&mut self) -> Vec<RequestStepOutput> {
         self.step += 1;
         std::mem::take(&mut self.outputs)
+    }
+
+    /// Samples KV residency of a `rate` fraction of block allocations (`--kv-cache-metrics`).
+    pub fn track_kv_residency(&mut self, rate: f64, seed: u64) {
+        self.kv.track_residency(rate, seed);
+    }
+
+    /// KV residency samples since the last call (take-and-reset).
+    pub fn take_residency(&mut self) -> Vec<crate::kv::ResidencySample> {
+        self.kv.take_residency()
     }
 
     /// Forgets cached prefixes; refused while any request holds blocks.

@@ -44,6 +44,8 @@ pub struct Job {
     pub params: GenParams,
     /// Tenant, from `x-tenant` or `user`.
     pub tenant: Option<Tenant>,
+    /// When the HTTP request arrived: wall clock and monotonic.
+    pub arrival: (std::time::SystemTime, std::time::Instant),
 }
 
 /// Seconds since the Unix epoch.
@@ -76,6 +78,8 @@ impl Job {
                         stop_token_ids: p.stop_token_ids.clone(),
                     },
                     tenant: self.tenant.clone(),
+                    arrival: self.arrival.0,
+                    arrival_instant: self.arrival.1,
                 });
             }
         }

@@ -3,6 +3,7 @@
 
 pub mod error;
 mod generate;
+mod http_metrics;
 pub mod protocol;
 mod stop;
 
@@ -40,6 +41,10 @@ pub fn router(engine: Engine) -> Router {
         .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .route_layer(axum::middleware::from_fn_with_state(
+            engine.clone(),
+            http_metrics::track,
+        ))
         .with_state(engine)
 }
 
@@ -119,7 +124,9 @@ async fn respond(
     body: Result<Bytes, BytesRejection>,
     endpoint: Endpoint,
 ) -> Response {
-    let job = match prepare(engine, headers, body, endpoint) {
+    // Arrival is stamped before parsing and tokenization, as the metrics contract requires.
+    let arrival = (std::time::SystemTime::now(), std::time::Instant::now());
+    let job = match prepare(engine, headers, body, endpoint, arrival) {
         Ok(job) => job,
         Err(e) => return e.into_response(),
     };
@@ -144,6 +151,7 @@ fn prepare(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     endpoint: Endpoint,
+    arrival: (std::time::SystemTime, std::time::Instant),
 ) -> Result<Job, ApiError> {
     if engine.is_draining() {
         return Err(ApiError::unavailable(
@@ -254,6 +262,7 @@ fn prepare(
         max_tokens,
         params,
         tenant,
+        arrival,
     })
 }
 
