@@ -73,6 +73,26 @@ impl AdmissionLedger {
         self.limits
     }
 
+    /// Why `requests` requests carrying `tokens` prompt tokens could never be admitted, even
+    /// into an empty queue (answered with 400, since retrying cannot help).
+    pub fn never_admissible(&self, requests: usize, tokens: usize) -> Option<String> {
+        if let Some(max) = self.limits.max_queued_requests
+            && requests > max
+        {
+            return Some(format!(
+                "the request fans out to {requests} sequences but --max-queued-requests is {max}"
+            ));
+        }
+        if let Some(max) = self.limits.max_queued_tokens
+            && tokens > max
+        {
+            return Some(format!(
+                "the request has {tokens} prompt tokens but --max-queued-tokens is {max}"
+            ));
+        }
+        None
+    }
+
     /// Admits `requests` requests carrying `tokens` prompt tokens in total, all or none.
     pub fn try_admit(&self, requests: usize, tokens: usize) -> Result<(), RejectReason> {
         let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
@@ -135,6 +155,25 @@ mod tests {
                 tokens: 1000
             }
         );
+    }
+
+    #[test]
+    fn requests_over_a_limit_on_their_own_are_never_admissible() {
+        let l = AdmissionLedger::new(AdmissionLimits {
+            max_queued_requests: Some(2),
+            max_queued_tokens: Some(100),
+        });
+        assert!(
+            l.never_admissible(3, 1)
+                .unwrap()
+                .contains("--max-queued-requests")
+        );
+        assert!(
+            l.never_admissible(1, 101)
+                .unwrap()
+                .contains("--max-queued-tokens")
+        );
+        assert_eq!(l.never_admissible(2, 100), None);
     }
 
     #[test]

@@ -81,8 +81,20 @@ pub struct RankWorker {
 }
 
 impl RankWorker {
-    /// Runs until the group closes or the frontend goes away.
-    pub fn run(mut self) {
+    /// Runs until the group closes or the frontend goes away. A panic inside a step (a bug,
+    /// a device error) closes the whole group instead of leaving the other ranks waiting at
+    /// the barrier: the engine then reports itself unhealthy and its requests end.
+    pub fn run(self) {
+        let rank = self.rank;
+        let group = Arc::clone(&self.group);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step_loop()));
+        if result.is_err() {
+            tracing::error!(rank, "rank thread panicked; stopping the engine core");
+        }
+        group.close();
+    }
+
+    fn step_loop(mut self) {
         let mut meta = StepMetadata::default();
         let mut slots = Vec::new();
         let mut step = 0u64;

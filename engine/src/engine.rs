@@ -45,7 +45,7 @@ pub struct Submission {
 }
 
 /// Why a submission was not accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
     /// The server is draining (SIGTERM): HTTP 503.
     #[error("the server is draining and accepts no new requests")]
@@ -56,6 +56,10 @@ pub enum SubmitError {
     /// The engine core stopped: HTTP 503.
     #[error("the engine core is not running")]
     CoreStopped,
+    /// Larger than an admission limit even with an empty queue: HTTP 400, retrying cannot
+    /// help.
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 struct Inner {
@@ -242,13 +246,20 @@ impl Engine {
         if inner.draining.load(Ordering::SeqCst) {
             return Err(SubmitError::Draining);
         }
+        if !self.core_alive() {
+            return Err(SubmitError::CoreStopped);
+        }
         let tokens = subs.iter().map(|s| s.prompt.len()).sum();
+        if let Some(why) = inner.admission.never_admissible(subs.len(), tokens) {
+            return Err(SubmitError::TooLarge(why));
+        }
         if let Err(reason) = inner.admission.try_admit(subs.len(), tokens) {
             inner.metrics.observe_rejection(reason);
             return Err(SubmitError::Rejected(reason));
         }
         let mut streams = Vec::with_capacity(subs.len());
-        for sub in subs {
+        let mut pending = subs.into_iter();
+        while let Some(sub) = pending.next() {
             let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
             let charged = (sub.prompt.len() + sub.sampling.max_tokens as usize) as u64;
             let rank = inner.dispatcher.assign(charged);
@@ -276,7 +287,7 @@ impl Engine {
                 tenant: sub.tenant,
                 eos_token_id: inner.tokenizer.eos_token_id(),
             };
-            let stream = RequestStream {
+            let mut stream = RequestStream {
                 id,
                 rx,
                 guard: StreamGuard {
@@ -287,13 +298,26 @@ impl Engine {
                 },
             };
             if inner.ranks[rank].send(RankCommand::Add(req)).is_err() {
+                // The rank is gone: undo this request and release what the unsent ones
+                // were charged. Streams already created abort themselves when dropped.
+                inner.routes.remove(id);
+                inner.dispatcher.release(rank, charged);
                 inner.admission.release(prompt_len);
+                for rest in pending {
+                    inner.admission.release(rest.prompt.len());
+                }
+                stream.guard.finished = true;
                 return Err(SubmitError::CoreStopped);
             }
             streams.push(stream);
         }
         inner.group.wake();
         Ok(streams)
+    }
+
+    /// False once the rank threads stopped (after a shutdown, or a rank failed).
+    pub fn core_alive(&self) -> bool {
+        !self.inner.group.is_closed()
     }
 
     fn abort(&self, id: RequestId, rank: usize) {

@@ -62,6 +62,11 @@ impl RouteTable {
         );
     }
 
+    /// Removes a route without delivering anything.
+    pub fn remove(&self, id: RequestId) -> bool {
+        self.lock().remove(&id).is_some()
+    }
+
     /// Every routed request and its rank.
     pub fn ids(&self) -> Vec<(RequestId, usize)> {
         self.lock().iter().map(|(&id, r)| (id, r.rank)).collect()
@@ -106,7 +111,16 @@ impl OutputProcessor {
             tokio::select! {
                 step = rx.recv() => match step {
                     Some(step) => self.process(step),
-                    None => return,
+                    None => {
+                        // Every rank is gone (shutdown, or the core failed). Dropping the
+                        // routes closes every handler's channel, so their requests end as
+                        // aborted instead of waiting forever.
+                        let orphans = std::mem::take(&mut *self.table.lock());
+                        if !orphans.is_empty() {
+                            tracing::error!(requests = orphans.len(), "engine core stopped with requests in flight");
+                        }
+                        return;
+                    }
                 },
                 _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => {
                     let now = Instant::now();

@@ -42,6 +42,8 @@ pub struct SamplingSlot {
     pub spec: SampleSpec,
     /// The request's generator.
     pub rng: SplitMix64,
+    /// Tokens that must not be sampled this step (EOS and stop tokens before `min_tokens`).
+    pub suppress: Option<std::sync::Arc<[u32]>>,
 }
 
 /// Everything a request says about generation: the sampler and when to stop.
@@ -74,36 +76,43 @@ impl Default for SamplingParams {
     }
 }
 
-/// Index of the largest value; the lowest index wins ties so greedy output is reproducible.
-pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
+/// Index of the largest value not in `suppress`; the lowest index wins ties so greedy
+/// output is reproducible.
+pub fn argmax(row: &[f32], suppress: &[u32]) -> u32 {
+    let mut best = None;
     let mut best_v = f32::NEG_INFINITY;
     for (i, &v) in row.iter().enumerate() {
-        if v > best_v {
+        if (v > best_v || best.is_none()) && !suppress.contains(&(i as u32)) {
             best_v = v;
-            best = i;
+            best = Some(i);
         }
     }
-    best as u32
+    best.unwrap_or(0) as u32
 }
 
-/// Picks one token from `logits` with `spec`, drawing from `rng` only when not greedy.
+/// Picks one token from `logits` with `spec`, never one of `suppress` (EOS and stop tokens
+/// before `min_tokens`), drawing from `rng` only when not greedy.
 ///
 /// Order of filters follows vLLM: temperature, then top-k, then top-p over the top-k
 /// survivors, then one categorical draw.
-pub fn sample_row(logits: &[f32], spec: &SampleSpec, rng: &mut SplitMix64) -> u32 {
+pub fn sample_row(
+    logits: &[f32],
+    spec: &SampleSpec,
+    suppress: &[u32],
+    rng: &mut SplitMix64,
+) -> u32 {
     if spec.is_greedy() {
-        return argmax(logits);
+        return argmax(logits, suppress);
     }
     let inv_t = 1.0 / spec.temperature;
     let mut cand: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
-        .filter(|(_, v)| v.is_finite())
+        .filter(|(i, v)| v.is_finite() && !suppress.contains(&(*i as u32)))
         .map(|(i, &v)| (i as u32, v * inv_t))
         .collect();
     if cand.is_empty() {
-        return argmax(logits);
+        return argmax(logits, suppress);
     }
     let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     let k = spec.top_k as usize;
@@ -162,7 +171,7 @@ mod tests {
     fn greedy_picks_first_maximum() {
         let mut r = SplitMix64::new(0);
         assert_eq!(
-            sample_row(&[0.1, 3.0, 3.0, -1.0], &spec(0.0, 1.0, 0), &mut r),
+            sample_row(&[0.1, 3.0, 3.0, -1.0], &spec(0.0, 1.0, 0), &[], &mut r),
             1
         );
     }
@@ -171,7 +180,10 @@ mod tests {
     fn top_k_one_is_greedy() {
         let mut r = SplitMix64::new(9);
         for _ in 0..50 {
-            assert_eq!(sample_row(&[0.0, 0.5, 0.4], &spec(1.0, 1.0, 1), &mut r), 1);
+            assert_eq!(
+                sample_row(&[0.0, 0.5, 0.4], &spec(1.0, 1.0, 1), &[], &mut r),
+                1
+            );
         }
     }
 
@@ -182,7 +194,7 @@ mod tests {
         let mut r = SplitMix64::new(1);
         let mut seen = [0u32; 3];
         for _ in 0..2000 {
-            seen[sample_row(&logits, &spec(1.0, 0.7, 0), &mut r) as usize] += 1;
+            seen[sample_row(&logits, &spec(1.0, 0.7, 0), &[], &mut r) as usize] += 1;
         }
         assert_eq!(seen[2], 0);
         assert!(seen[1] > 400 && seen[0] > 1000, "{seen:?}");
@@ -194,10 +206,20 @@ mod tests {
         let mut r = SplitMix64::new(5);
         let n = 30_000;
         let ones = (0..n)
-            .filter(|_| sample_row(&logits, &spec(1.0, 1.0, 0), &mut r) == 1)
+            .filter(|_| sample_row(&logits, &spec(1.0, 1.0, 0), &[], &mut r) == 1)
             .count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 2.0 / 3.0).abs() < 0.02, "{frac}");
+    }
+
+    #[test]
+    fn suppressed_tokens_are_never_picked() {
+        let mut r = SplitMix64::new(2);
+        let logits = [5.0, 1.0, 0.5];
+        assert_eq!(sample_row(&logits, &spec(0.0, 1.0, 0), &[0], &mut r), 1);
+        for _ in 0..200 {
+            assert_ne!(sample_row(&logits, &spec(2.0, 1.0, 0), &[0], &mut r), 0);
+        }
     }
 
     #[test]
@@ -206,7 +228,7 @@ mod tests {
         let draw = |seed| {
             let mut r = SplitMix64::new(seed);
             (0..20)
-                .map(|_| sample_row(&logits, &spec(0.8, 0.95, 20), &mut r))
+                .map(|_| sample_row(&logits, &spec(0.8, 0.95, 20), &[], &mut r))
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(3), draw(3));

@@ -174,7 +174,10 @@ pub trait Backend: Send + Sync + 'static {
         let host = self.download(logits);
         host.chunks(cols.max(1))
             .zip(slots.iter_mut())
-            .map(|(row, slot)| crate::sampling::sample_row(row, &slot.spec, &mut slot.rng))
+            .map(|(row, slot)| {
+                let suppress = slot.suppress.as_deref().unwrap_or(&[]);
+                crate::sampling::sample_row(row, &slot.spec, suppress, &mut slot.rng)
+            })
             .collect()
     }
 }

@@ -355,9 +355,15 @@ impl Scheduler {
             if s.samples {
                 meta.logits_rows
                     .push(query_start + s.num_new_tokens as u32 - 1);
+                let suppress = req
+                    .min_tokens_suppress
+                    .as_ref()
+                    .filter(|_| req.num_output() < req.sampling.min_tokens as usize)
+                    .cloned();
                 slots.push(SamplingSlot {
                     spec: req.sampling.spec,
                     rng: req.rng.clone(),
+                    suppress,
                 });
             }
         }

@@ -52,13 +52,22 @@ pub struct Request {
     pub(crate) num_preemptions: u32,
     /// Hash of each full block of `tokens` (kept only when prefix caching is on).
     pub(crate) block_hashes: Vec<BlockHash>,
+    /// EOS (unless ignored) and stop tokens, masked while fewer than `min_tokens` exist.
+    pub(crate) min_tokens_suppress: Option<std::sync::Arc<[u32]>>,
     /// Index of this request's entry in the current step's outputs, if it has one.
     pub(crate) out_slot: Option<(u64, u32)>,
 }
 
 impl Request {
     pub(crate) fn new(r: EngineRequest, block_size: usize, hashing: bool) -> Self {
+        let min_tokens_suppress = (r.sampling.min_tokens > 0).then(|| {
+            let eos = (!r.sampling.ignore_eos).then_some(r.eos_token_id);
+            eos.into_iter()
+                .chain(r.sampling.stop_token_ids.iter().copied())
+                .collect()
+        });
         let mut req = Self {
+            min_tokens_suppress,
             id: r.id,
             prompt_len: r.prompt.len(),
             tokens: r.prompt,

@@ -67,11 +67,11 @@ impl ApiError {
         }
     }
 
-    /// 400 when prompt plus output exceed the context.
-    pub fn context_length(message: impl Into<String>) -> Self {
+    /// 400 when prompt plus output exceed the context; `param` is `prompt` or `messages`.
+    pub fn context_length(param: &str, message: impl Into<String>) -> Self {
         Self {
             code: "context_length_exceeded",
-            ..Self::invalid("messages", message)
+            ..Self::invalid(param, message)
         }
     }
 
@@ -164,6 +164,10 @@ impl From<SubmitError> for ApiError {
             SubmitError::Draining => ApiError::unavailable(e.to_string(), "draining"),
             SubmitError::Rejected(reason) => ApiError::rejected(reason),
             SubmitError::CoreStopped => ApiError::unavailable(e.to_string(), "engine_stopped"),
+            SubmitError::TooLarge(why) => ApiError {
+                code: "exceeds_queue_limit",
+                ..ApiError::invalid("prompt", why)
+            },
         }
     }
 }

@@ -126,7 +126,14 @@ impl Choice {
             let mut text = String::new();
             if let Some(token) = out.new_token {
                 self.completion_tokens += 1;
-                match self.stop.feed(&self.decoder.push(token)) {
+                // A token that ended the request (EOS, a stop token) is counted but its
+                // text is not part of the output, as in vLLM.
+                let piece = if out.finish == Some(FinishReason::Stop) {
+                    String::new()
+                } else {
+                    self.decoder.push(token)
+                };
+                match self.stop.feed(&piece) {
                     StopOutcome::Continue(t) => text = t,
                     StopOutcome::Stopped(t) => {
                         // Dropping the stream aborts the request in the engine.

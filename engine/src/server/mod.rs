@@ -213,11 +213,15 @@ fn prepare(
         }
     };
     let max_len = cfg.max_model_len();
+    let prompt_param = match endpoint {
+        Endpoint::Completions => "prompt",
+        Endpoint::Chat => "messages",
+    };
     let max_tokens = prompts
         .iter()
         .map(|p| {
             if p.len() >= max_len {
-                return Err(ApiError::context_length(format!(
+                return Err(ApiError::context_length(prompt_param, format!(
                     "This model's maximum context length is {max_len} tokens, and the prompt has {} tokens.",
                     p.len()
                 )));
@@ -228,11 +232,17 @@ fn prepare(
                 Endpoint::Chat => (max_len - p.len()) as u32,
             });
             if p.len() + want as usize > max_len {
-                return Err(ApiError::context_length(format!(
+                return Err(ApiError::context_length(prompt_param, format!(
                     "This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({} in the prompt, {want} for the completion).",
                     p.len() + want as usize,
                     p.len()
                 )));
+            }
+            if params.min_tokens > want {
+                return Err(ApiError::invalid(
+                    "min_tokens",
+                    format!("`min_tokens` ({}) must not exceed `max_tokens` ({want})", params.min_tokens),
+                ));
             }
             Ok(want)
         })
@@ -292,6 +302,8 @@ async fn models(State(engine): State<Engine>) -> Json<serde_json::Value> {
 async fn health(State(engine): State<Engine>) -> Response {
     if engine.is_draining() {
         ApiError::unavailable("draining", "draining").into_response()
+    } else if !engine.core_alive() {
+        ApiError::unavailable("the engine core stopped", "engine_stopped").into_response()
     } else {
         Json(json!({"status": "ok"})).into_response()
     }

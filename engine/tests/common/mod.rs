@@ -19,14 +19,22 @@ pub struct TestServer {
     pub client: reqwest::Client,
 }
 
-/// Starts an engine with `ballast engine` flags on 127.0.0.1:0.
-pub async fn start(flags: &[&str]) -> TestServer {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+/// Parses `ballast engine` flags into a configuration.
+pub fn config(flags: &[&str]) -> EngineConfig {
     let args = Cli::try_parse_from(std::iter::once("engine").chain(flags.iter().copied()))
         .expect("valid flags")
         .args;
-    let config = EngineConfig::from_args(&args).expect("valid config");
-    let engine = Engine::start(config);
+    EngineConfig::from_args(&args).expect("valid config")
+}
+
+/// Starts an engine with `ballast engine` flags on 127.0.0.1:0.
+pub async fn start(flags: &[&str]) -> TestServer {
+    serve(Engine::start(config(flags))).await
+}
+
+/// Serves an already started engine on 127.0.0.1:0.
+pub async fn serve(engine: Engine) -> TestServer {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = ballast_engine::server::router(engine.clone());
