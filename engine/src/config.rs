@@ -188,6 +188,12 @@ pub struct EngineArgs {
     )]
     pub kv_cache_metrics_sample: f64,
 
+    /// Export one trace per request (root span plus queue, prefill and decode spans) over
+    /// OTLP/gRPC to this collector, e.g. http://127.0.0.1:4317. An incoming W3C
+    /// `traceparent` is continued and the request's own is returned in the response.
+    #[arg(long, env = "BALLAST_OTLP_TRACES_ENDPOINT", value_name = "URL")]
+    pub otlp_traces_endpoint: Option<String>,
+
     /// On SIGTERM, seconds to wait for in-flight requests before aborting them.
     #[arg(
         long,
@@ -279,6 +285,8 @@ pub struct StatsConfig {
     pub buckets: Buckets,
     /// Sampling rate of KV residency tracking, when on.
     pub kv_residency_sample: Option<f64>,
+    /// OTLP/gRPC collector for request traces.
+    pub otlp_traces_endpoint: Option<String>,
 }
 
 impl EngineConfig {
@@ -371,6 +379,14 @@ impl EngineConfig {
                 .map_err(|e| bad("custom-histogram-buckets", e.to_string()))?,
             None => Buckets::defaults(model.max_model_len),
         };
+        if let Some(url) = &a.otlp_traces_endpoint
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(bad(
+                "otlp-traces-endpoint",
+                "must be an http:// or https:// URL, e.g. http://127.0.0.1:4317",
+            ));
+        }
         let enable_prefix_caching = a.enable_prefix_caching && !a.no_enable_prefix_caching;
         Ok(Self {
             served_model_name: a
@@ -403,6 +419,7 @@ impl EngineConfig {
                 aggregate_engine_logging: a.aggregate_engine_logging,
                 buckets,
                 kv_residency_sample: a.kv_cache_metrics.then_some(a.kv_cache_metrics_sample),
+                otlp_traces_endpoint: a.otlp_traces_endpoint.clone(),
             },
             model,
         })

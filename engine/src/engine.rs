@@ -23,6 +23,7 @@ use crate::output::{OutputProcessor, RequestUpdate, RouteTable};
 use crate::rng::SplitMix64;
 use crate::sampling::SamplingParams;
 use crate::scheduler::{EngineRequest, Scheduler};
+use crate::spans::{SpanExporter, TraceContext};
 use crate::stats::flops::FlopsModel;
 use crate::stats::timeline::RequestTimeline;
 use crate::stats::{LogLineLogger, PrometheusLogger, StatLogger};
@@ -42,6 +43,8 @@ pub struct Submission {
     pub arrival: SystemTime,
     /// Monotonic clock read together with `arrival`.
     pub arrival_instant: Instant,
+    /// Where the request's spans go (when tracing is on).
+    pub trace: Option<TraceContext>,
 }
 
 /// Why a submission was not accepted.
@@ -72,6 +75,7 @@ struct Inner {
     tenants: Arc<TenantLedger>,
     routes: Arc<RouteTable>,
     metrics: Arc<EngineMetrics>,
+    spans: Option<Arc<SpanExporter>>,
     next_id: AtomicU64,
     draining: AtomicBool,
     in_flight: watch::Sender<usize>,
@@ -173,11 +177,22 @@ impl Engine {
                 Instant::now(),
             )));
         }
+        let spans = st.otlp_traces_endpoint.as_deref().and_then(|url| {
+            match SpanExporter::new(url, "ballast-engine") {
+                Ok(e) => Some(Arc::new(e)),
+                Err(e) => {
+                    tracing::error!(error = %e, "request tracing is off");
+                    None
+                }
+            }
+        });
         let processor = OutputProcessor {
             table: Arc::clone(&routes),
             dispatcher: Arc::clone(&dispatcher),
             loggers,
             tick: Some(st.log_interval),
+            spans: spans.clone(),
+            model_name: config.served_model_name.clone(),
         };
         tokio::spawn(processor.run(out_rx));
         Engine {
@@ -191,6 +206,7 @@ impl Engine {
                 tenants,
                 routes,
                 metrics,
+                spans,
                 next_id: AtomicU64::new(1),
                 draining: AtomicBool::new(false),
                 in_flight: watch::Sender::new(0),
@@ -212,6 +228,11 @@ impl Engine {
     /// The metrics registry.
     pub fn metrics(&self) -> &EngineMetrics {
         &self.inner.metrics
+    }
+
+    /// Whether requests are traced (`--otlp-traces-endpoint`).
+    pub fn tracing_enabled(&self) -> bool {
+        self.inner.spans.is_some()
     }
 
     /// The metrics registry, shared.
@@ -272,7 +293,9 @@ impl Engine {
                     sub.sampling.max_tokens,
                 )
             });
-            inner.routes.register(id, rank, charged, tx, timeline);
+            inner
+                .routes
+                .register(id, rank, charged, tx, timeline, sub.trace);
             inner.in_flight.send_modify(|n| *n += 1);
             let rng_seed = match sub.sampling.seed {
                 Some(seed) => seed,
@@ -376,6 +399,9 @@ impl Engine {
             std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
             let _ = t.join();
+        }
+        if let Some(spans) = &self.inner.spans {
+            spans.shutdown();
         }
     }
 

@@ -28,6 +28,7 @@ pub mod tokenizer;
 pub use config::{EngineArgs, EngineConfig};
 pub use engine::{Engine, RequestStream, Submission, SubmitError};
 pub mod server;
+pub mod spans;
 pub mod stats;
 
 /// Why `ballast engine` stopped with an error.

@@ -15,6 +15,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use crate::core::StepOutput;
 use crate::dispatcher::Dispatcher;
 use crate::events::{RequestId, RequestStepOutput};
+use crate::spans::{SpanExporter, TraceContext};
 use crate::stats::timeline::{RequestTimeline, TokenSample};
 use crate::stats::{IterationStats, StatLogger, StepStats};
 
@@ -33,6 +34,8 @@ struct Route {
     charged_tokens: u64,
     /// `None` with `--disable-log-stats`: no per-request stats are computed.
     timeline: Option<RequestTimeline>,
+    /// Where the request's spans go, when tracing is on.
+    trace: Option<TraceContext>,
 }
 
 /// Request id → handler channel and per-request stats state.
@@ -50,6 +53,7 @@ impl RouteTable {
         charged_tokens: u64,
         tx: UnboundedSender<RequestUpdate>,
         timeline: Option<RequestTimeline>,
+        trace: Option<TraceContext>,
     ) {
         self.lock().insert(
             id,
@@ -58,6 +62,7 @@ impl RouteTable {
                 rank,
                 charged_tokens,
                 timeline,
+                trace,
             },
         );
     }
@@ -97,6 +102,10 @@ pub struct OutputProcessor {
     pub loggers: Vec<Box<dyn StatLogger>>,
     /// How often loggers tick (log line, throughput decay); `None`: never.
     pub tick: Option<Duration>,
+    /// Request traces, when `--otlp-traces-endpoint` is set.
+    pub spans: Option<Arc<SpanExporter>>,
+    /// `gen_ai.response.model` of the spans.
+    pub model_name: String,
 }
 
 impl OutputProcessor {
@@ -163,7 +172,11 @@ impl OutputProcessor {
                     }
                 }
                 if let Some(reason) = out.finish {
-                    it.finished.push(tl.finish(reason, wall_now));
+                    let finished = tl.finish(reason, wall_now);
+                    if let (Some(spans), Some(ctx)) = (&self.spans, &route.trace) {
+                        spans.export(ctx, out.id, &self.model_name, tl, &finished);
+                    }
+                    it.finished.push(finished);
                 }
             }
         }

@@ -403,14 +403,27 @@ async fn a_failing_rank_ends_requests_and_turns_health_red() {
             NoopExecutor { token: 65 }.execute(meta, slots)
         }
     }
-    let cfg = config(&["--data-parallel-size", "2", "--dispatch-policy", "round-robin"]);
-    let executors: Vec<Box<dyn Executor>> = vec![Box::new(FailsAt(5)), Box::new(NoopExecutor { token: 66 })];
-    let engine = ballast_engine::Engine::start_with(cfg, executors, std::sync::Arc::new(ballast_engine::tokenizer::ByteTokenizer));
+    let cfg = config(&[
+        "--data-parallel-size",
+        "2",
+        "--dispatch-policy",
+        "round-robin",
+    ]);
+    let executors: Vec<Box<dyn Executor>> =
+        vec![Box::new(FailsAt(5)), Box::new(NoopExecutor { token: 66 })];
+    let engine = ballast_engine::Engine::start_with(
+        cfg,
+        executors,
+        std::sync::Arc::new(ballast_engine::tokenizer::ByteTokenizer),
+    );
     let s = serve(engine).await;
     // One request per rank; both must end although only rank 0 failed.
     let body = json!({"prompt": "x", "max_tokens": 500, "ignore_eos": true});
     let (a, b) = tokio::time::timeout(Duration::from_secs(20), async {
-        tokio::join!(s.post("/v1/completions", &body), s.post("/v1/completions", &body))
+        tokio::join!(
+            s.post("/v1/completions", &body),
+            s.post("/v1/completions", &body)
+        )
     })
     .await
     .expect("requests must not hang when a rank fails");
@@ -418,17 +431,26 @@ async fn a_failing_rank_ends_requests_and_turns_health_red() {
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["choices"][0]["finish_reason"], "abort");
     }
-    let r = s.client.get(format!("{}/health", s.base)).send().await.unwrap();
+    let r = s
+        .client
+        .get(format!("{}/health", s.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 503);
     let (status, v) = s.post("/v1/completions", &body).await;
-    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("engine_stopped")));
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (503, Some("engine_stopped"))
+    );
     assert_eq!(s.engine.in_flight(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_tokens_are_not_emitted_and_min_tokens_masks_them() {
     let s = start(&[]).await;
-    let body = json!({"prompt": "Stop tokens", "max_tokens": 30, "temperature": 0, "ignore_eos": true});
+    let body =
+        json!({"prompt": "Stop tokens", "max_tokens": 30, "temperature": 0, "ignore_eos": true});
     let (_, full) = s.post("/v1/completions", &body).await;
     let text = full["choices"][0]["text"].as_str().unwrap().to_string();
     let stop_byte = text.as_bytes()[4];
@@ -437,25 +459,67 @@ async fn stop_tokens_are_not_emitted_and_min_tokens_masks_them() {
     b["stop_token_ids"] = json!([stop_byte]);
     let (_, v) = s.post("/v1/completions", &b).await;
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
-    assert_eq!(v["choices"][0]["text"].as_str().unwrap().as_bytes(), &text.as_bytes()[..first], "the stop token's text is not returned");
-    assert_eq!(v["usage"]["completion_tokens"], first as u64 + 1, "but it is counted");
+    assert_eq!(
+        v["choices"][0]["text"].as_str().unwrap().as_bytes(),
+        &text.as_bytes()[..first],
+        "the stop token's text is not returned"
+    );
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        first as u64 + 1,
+        "but it is counted"
+    );
     // With min_tokens past that point, the stop token cannot be sampled before it.
     b["min_tokens"] = json!(first + 3);
     let (_, v) = s.post("/v1/completions", &b).await;
-    let out = v["choices"][0]["text"].as_str().unwrap().as_bytes().to_vec();
+    let out = v["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .as_bytes()
+        .to_vec();
     assert!(out.len() >= first + 2, "{v}");
-    assert!(!out[..first + 2].contains(&stop_byte), "masked until min_tokens: {v}");
+    assert!(
+        !out[..first + 2].contains(&stop_byte),
+        "masked until min_tokens: {v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_that_can_never_be_met_are_400_not_429() {
     let s = start(&["--max-queued-tokens", "10", "--max-queued-requests", "2"]).await;
-    let (status, v) = s.post("/v1/completions", &json!({"prompt": vec![1; 20]})).await;
-    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("exceeds_queue_limit")), "{v}");
-    let (status, v) = s.post("/v1/completions", &json!({"prompt": [1], "n": 3})).await;
-    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("exceeds_queue_limit")), "{v}");
-    let (status, v) = s.post("/v1/completions", &json!({"prompt": "a", "min_tokens": 20})).await;
-    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("min_tokens")), "default max_tokens is 16: {v}");
-    let (status, v) = s.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 5000})).await;
-    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("prompt")), "{v}");
+    let (status, v) = s
+        .post("/v1/completions", &json!({"prompt": vec![1; 20]}))
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (400, Some("exceeds_queue_limit")),
+        "{v}"
+    );
+    let (status, v) = s
+        .post("/v1/completions", &json!({"prompt": [1], "n": 3}))
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (400, Some("exceeds_queue_limit")),
+        "{v}"
+    );
+    let (status, v) = s
+        .post("/v1/completions", &json!({"prompt": "a", "min_tokens": 20}))
+        .await;
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("min_tokens")),
+        "default max_tokens is 16: {v}"
+    );
+    let (status, v) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "a", "max_tokens": 5000}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("prompt")),
+        "{v}"
+    );
 }

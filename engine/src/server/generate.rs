@@ -14,6 +14,7 @@ use super::stop::{StopMatcher, StopOutcome};
 use crate::engine::{Engine, RequestStream, Submission};
 use crate::events::FinishReason;
 use crate::sampling::{SampleSpec, SamplingParams};
+use crate::spans::TraceContext;
 use crate::tenants::Tenant;
 use crate::tokenizer::StreamDecoder;
 
@@ -46,6 +47,8 @@ pub struct Job {
     pub tenant: Option<Tenant>,
     /// When the HTTP request arrived: wall clock and monotonic.
     pub arrival: (std::time::SystemTime, std::time::Instant),
+    /// Trace of the request (choice 0 uses it; other choices get sibling root spans).
+    pub trace: Option<TraceContext>,
 }
 
 /// Seconds since the Unix epoch.
@@ -80,6 +83,9 @@ impl Job {
                     tenant: self.tenant.clone(),
                     arrival: self.arrival.0,
                     arrival_instant: self.arrival.1,
+                    trace: self
+                        .trace
+                        .map(|t| if subs.is_empty() { t } else { t.sibling() }),
                 });
             }
         }

@@ -26,6 +26,7 @@ use protocol::{
 };
 
 use crate::engine::Engine;
+use crate::spans::TraceContext;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
@@ -126,10 +127,23 @@ async fn respond(
 ) -> Response {
     // Arrival is stamped before parsing and tokenization, as the metrics contract requires.
     let arrival = (std::time::SystemTime::now(), std::time::Instant::now());
-    let job = match prepare(engine, headers, body, endpoint, arrival) {
+    let mut job = match prepare(engine, headers, body, endpoint, arrival) {
         Ok(job) => job,
         Err(e) => return e.into_response(),
     };
+    job.trace = engine.tracing_enabled().then(|| {
+        let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
+        TraceContext::from_traceparent(incoming)
+    });
+    let traceparent = job.trace.map(|t| t.traceparent());
+    let mut resp = respond_job(engine, job).await;
+    if let Some(tp) = traceparent.and_then(|t| axum::http::HeaderValue::from_str(&t).ok()) {
+        resp.headers_mut().insert("traceparent", tp);
+    }
+    resp
+}
+
+async fn respond_job(engine: &Engine, job: Job) -> Response {
     if job.params.stream {
         match generate::stream_events(engine, job) {
             Ok(events) => Sse::new(events)
@@ -273,6 +287,7 @@ fn prepare(
         params,
         tenant,
         arrival,
+        trace: None,
     })
 }
 
