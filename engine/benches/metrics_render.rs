@@ -36,27 +36,37 @@ fn main() {
         max_num_batched_tokens: 2048,
         max_model_len: spec.max_model_len,
     }));
-    let mut logger = PrometheusLogger::new(Arc::clone(&metrics), FlopsModel::new(&spec, 4), 256, Duration::from_secs(5));
+    let mut logger = PrometheusLogger::new(
+        Arc::clone(&metrics),
+        FlopsModel::new(&spec, 4),
+        256,
+        Duration::from_secs(5),
+    );
     let mut rng = SplitMix64::new(7);
     let ms = |rng: &mut SplitMix64, scale: f64| Duration::from_secs_f64(rng.next_f64() * scale);
     let t0 = Instant::now();
     for step in 0..20_000u64 {
         let rank = (step % RANKS as u64) as usize;
-        let finished = (0..(step % 3)).map(|_| FinishedRequestStats {
-            finish_reason: if rng.below(10) == 0 { FinishReason::Stop } else { FinishReason::Length },
-            e2e: ms(&mut rng, 20.0),
-            queue: ms(&mut rng, 2.0),
-            total_queue: ms(&mut rng, 3.0),
-            prefill: ms(&mut rng, 1.0),
-            decode: ms(&mut rng, 15.0),
-            inference: ms(&mut rng, 16.0),
-            tpot: Some(ms(&mut rng, 0.1)),
-            prompt_tokens: rng.below(4000) as u32,
-            generation_tokens: rng.below(1000) as u32,
-            cached_tokens: 0,
-            num_preemptions: 0,
-        })
-        .collect::<Vec<_>>();
+        let finished = (0..(step % 3))
+            .map(|_| FinishedRequestStats {
+                finish_reason: if rng.below(10) == 0 {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                },
+                e2e: ms(&mut rng, 20.0),
+                queue: ms(&mut rng, 2.0),
+                total_queue: ms(&mut rng, 3.0),
+                prefill: ms(&mut rng, 1.0),
+                decode: ms(&mut rng, 15.0),
+                inference: ms(&mut rng, 16.0),
+                tpot: Some(ms(&mut rng, 0.1)),
+                prompt_tokens: rng.below(4000) as u32,
+                generation_tokens: rng.below(1000) as u32,
+                cached_tokens: 0,
+                num_preemptions: 0,
+            })
+            .collect::<Vec<_>>();
         let it = IterationStats {
             ttft: (0..2).map(|_| rng.next_f64() * 2.0).collect(),
             itl: (0..16).map(|_| rng.next_f64() * 0.2).collect(),
@@ -69,7 +79,12 @@ fn main() {
             scheduled_tokens: 1 + rng.below(2048) as u32,
             prefill_tokens: 500,
             preemptions: (rng.below(50) == 0) as u32,
-            prefix_cache: PrefixCacheStats { requests: 2, queries: 600, hits: 200, ..Default::default() },
+            prefix_cache: PrefixCacheStats {
+                requests: 2,
+                queries: 600,
+                hits: 200,
+                ..Default::default()
+            },
             sampled: 16,
             attention_pairs: 40_000,
             context_tokens: 8_000,
@@ -79,7 +94,12 @@ fn main() {
             running: rng.below(256) as u32,
             waiting_capacity: rng.below(20) as u32,
             waiting_deferred: rng.below(5) as u32,
-            kv_blocks: PoolCounts { used: 600, evictable: 200, available: 224, total: 1024 },
+            kv_blocks: PoolCounts {
+                used: 600,
+                evictable: 200,
+                available: 224,
+                total: 1024,
+            },
             block_size: 16,
             kv_usage: rng.next_f64(),
         };
@@ -93,7 +113,10 @@ fn main() {
             max_attention_pairs: 30_000,
             sync_wait: ms(&mut rng, 0.01),
         };
-        let residency = [ResidencySample::Lifetime(ms(&mut rng, 100.0)), ResidencySample::ReuseGap(ms(&mut rng, 10.0))];
+        let residency = [
+            ResidencySample::Lifetime(ms(&mut rng, 100.0)),
+            ResidencySample::ReuseGap(ms(&mut rng, 10.0)),
+        ];
         logger.record(&StepStats {
             rank,
             ts: t0 + Duration::from_millis(step),
@@ -105,7 +128,12 @@ fn main() {
         });
     }
     for i in 0..20 {
-        metrics.observe_http("/v1/completions", "POST", if i % 5 == 0 { 429 } else { 200 }, 0.5);
+        metrics.observe_http(
+            "/v1/completions",
+            "POST",
+            if i % 5 == 0 { 429 } else { 200 },
+            0.5,
+        );
     }
 
     let text = metrics.render();
@@ -116,9 +144,16 @@ fn main() {
         std::hint::black_box(metrics.render());
     }
     let per = start.elapsed() / reps;
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/metrics-8-ranks.prom");
+    let out =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/metrics-8-ranks.prom");
     std::fs::write(&out, &text).expect("write exposition");
-    println!("render /metrics, {RANKS} DP ranks: {samples} samples, {} bytes", text.len());
-    println!("ballast (Rust, prometheus crate): {:.1} µs per render", per.as_secs_f64() * 1e6);
+    println!(
+        "render /metrics, {RANKS} DP ranks: {samples} samples, {} bytes",
+        text.len()
+    );
+    println!(
+        "ballast (Rust, prometheus crate): {:.1} µs per render",
+        per.as_secs_f64() * 1e6
+    );
     println!("exposition written to {}", out.display());
 }
