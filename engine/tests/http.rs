@@ -210,12 +210,7 @@ async fn every_error_path_has_its_status_and_a_json_body() {
         assert!(v["error"]["type"].is_string());
     }
     // Wrong method on a known route.
-    let r = s
-        .client
-        .get(format!("{}/v1/completions", s.base))
-        .send()
-        .await
-        .unwrap();
+    let r = s.get("/v1/completions").await;
     assert_eq!(r.status(), 405);
     assert_eq!(
         r.json::<Value>().await.unwrap()["error"]["code"],
@@ -334,23 +329,10 @@ async fn seeds_reproduce_and_fan_out_is_indexed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_and_health() {
     let s = start(&["--served-model-name", "chat"]).await;
-    let v: Value = s
-        .client
-        .get(format!("{}/v1/models", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.get("/v1/models").await.json().await.unwrap();
     assert_eq!(v["data"][0]["id"], "chat");
     assert_eq!(v["data"][0]["max_model_len"], 1024);
-    let r = s
-        .client
-        .get(format!("{}/health", s.base))
-        .send()
-        .await
-        .unwrap();
+    let r = s.get("/health").await;
     assert_eq!(r.status(), 200);
     let (status, _) = s
         .post(
@@ -360,12 +342,7 @@ async fn models_and_health() {
         .await;
     assert_eq!(status, 200);
     s.engine.begin_drain();
-    let r = s
-        .client
-        .get(format!("{}/health", s.base))
-        .send()
-        .await
-        .unwrap();
+    let r = s.get("/health").await;
     assert_eq!(r.status(), 503);
     let (status, v) = s.post("/v1/completions", &json!({"prompt": "a"})).await;
     assert_eq!(
@@ -431,12 +408,7 @@ async fn a_failing_rank_ends_requests_and_turns_health_red() {
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["choices"][0]["finish_reason"], "abort");
     }
-    let r = s
-        .client
-        .get(format!("{}/health", s.base))
-        .send()
-        .await
-        .unwrap();
+    let r = s.get("/health").await;
     assert_eq!(r.status(), 503);
     let (status, v) = s.post("/v1/completions", &body).await;
     assert_eq!(

@@ -298,16 +298,8 @@ async fn http_metrics_use_route_templates_and_skip_probes() {
         .post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 0}))
         .await;
     assert_eq!(status, 400);
-    srv.client
-        .get(format!("{}/health", srv.base))
-        .send()
-        .await
-        .unwrap();
-    srv.client
-        .get(format!("{}/v1/models", srv.base))
-        .send()
-        .await
-        .unwrap();
+    srv.get("/health").await;
+    srv.get("/v1/models").await;
     let text = srv.metrics().await;
     let req = |endpoint: &str, method: &str, status: u16| {
         format!(

@@ -47,6 +47,14 @@ pub async fn serve(engine: Engine) -> TestServer {
 }
 
 impl TestServer {
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let r = self
             .client
