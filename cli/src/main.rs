@@ -19,10 +19,16 @@ enum Command {
     Engine(ballast_engine::EngineArgs),
     /// Load-test any OpenAI-compatible server.
     Bench(ballast_bench::BenchArgs),
+    /// Print the InferenceService CRD (YAML) generated from the Rust types.
+    Crd,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Crd = cli.command {
+        print!("{}", ballast_crds::crd_yaml());
+        return ExitCode::SUCCESS;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BALLAST_LOG")
@@ -50,6 +56,7 @@ fn main() -> ExitCode {
                     e.exit_code()
                 }
             },
+            Command::Crd => unreachable!("handled before the runtime starts"),
             Command::Bench(args) => match ballast_bench::run(args).await {
                 Ok(_) => 0,
                 Err(e) => {

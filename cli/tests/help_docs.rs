@@ -44,3 +44,18 @@ fn every_bench_flag_is_documented() {
         .collect();
     assert!(missing.is_empty(), "docs/bench.md lacks {missing:?}");
 }
+
+#[test]
+fn ballast_crd_prints_the_committed_crd() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .arg("crd")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let committed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crds/inferenceservices.ballast.dev.yaml"
+    ))
+    .unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), committed);
+}

@@ -1,0 +1,758 @@
+//! The `InferenceService` custom resource (`ballast.dev/v1alpha1`): the Rust types from
+//! which the CRD YAML in this folder is generated, and the defaults every runtime applies.
+//!
+//! Field names are the public API of `../shared/spec/control-plane.md` §1: add fields
+//! freely, rename none. Doc comments become `kubectl explain` text.
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// A fleet of LLM inference replicas that Ballast scales, rebalances or holds on what the
+/// replicas report about themselves.
+// Several `printcolumn(type_ = …)` look like duplicated attributes to clippy; they are not.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ballast.dev",
+    version = "v1alpha1",
+    kind = "InferenceService",
+    plural = "inferenceservices",
+    shortname = "isvc",
+    namespaced,
+    status = "InferenceServiceStatus",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Model",
+        type_ = "string",
+        json_path = ".spec.model.source",
+        description = "Model source"
+    ),
+    printcolumn(
+        name = "Desired",
+        type_ = "integer",
+        json_path = ".status.desiredReplicas",
+        description = "Replicas the operator wants"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Ready replicas"
+    ),
+    printcolumn(
+        name = "Action",
+        type_ = "string",
+        json_path = ".status.lastDecision.action",
+        description = "Last decision"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceServiceSpec {
+    /// The model every replica serves.
+    pub model: ModelSpec,
+    /// How each replica runs.
+    #[serde(default)]
+    pub engine: EngineSpec,
+    /// Replica count set through the scale subresource (`kubectl scale`, HPA, KEDA). With
+    /// `autoscaling.enabled: false` the operator follows it; otherwise it is ignored and the
+    /// operator writes `status.desiredReplicas` instead (the spec is never rewritten).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("replicas must not be negative"))]
+    pub replicas: Option<i32>,
+    /// Scaling on capacity-waiting requests, KV cache usage, admission rejections and TTFT.
+    #[serde(default)]
+    pub autoscaling: AutoscalingSpec,
+    /// Taking hot replicas out of rotation and shifting data-parallel weights.
+    #[serde(default)]
+    pub rebalancing: RebalancingSpec,
+    /// How replicas are scraped.
+    #[serde(default)]
+    pub metrics: MetricsSpec,
+}
+
+/// The model.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// `synthetic:NAME`, a `.gguf` path, or a Hugging Face style directory.
+    #[x_kube(validation = kube::core::Rule::new("self != ''").message("model.source must not be empty"))]
+    pub source: String,
+    /// The `model` name clients send; defaults to the resource's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_name: Option<String>,
+}
+
+/// Which server runs in each replica.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    // Ballast's own engine: full signals (waiting by reason, DP balance, control API).
+    #[default]
+    Ballast,
+    // vLLM: scraped in its dialect; no control API.
+    Vllm,
+    // SGLang: scraped in its dialect; no control API.
+    Sglang,
+}
+
+/// How each replica runs.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineSpec {
+    /// Which server the replicas run: `ballast` (full signals, control API), `vllm` or
+    /// `sglang` (scraped in their dialects, no control API).
+    #[serde(default)]
+    pub kind: EngineKind,
+    /// Container image (Kubernetes only).
+    #[serde(default)]
+    pub image: String,
+    /// Extra engine arguments, appended after the ones this resource implies.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables of the engine container (Kubernetes only).
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+    /// Resources of the engine container (Kubernetes only).
+    #[serde(default)]
+    pub resources: ResourceRequirements,
+    /// Engine HTTP port: OpenAI API, /health, /metrics.
+    #[serde(default = "default_port")]
+    #[x_kube(validation = kube::core::Rule::new("self > 0 && self < 65536").message("port must be 1..65535"))]
+    pub port: i32,
+    /// Engine control API (gRPC) port; 0 disables it.
+    #[serde(default = "default_grpc_port")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0 && self < 65536").message("grpcPort must be 0..65535"))]
+    pub grpc_port: i32,
+    /// Data-parallel ranks per replica.
+    #[serde(default = "one")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("dataParallelSize must be at least 1"))]
+    pub data_parallel_size: i32,
+    /// Running requests per rank.
+    #[serde(default = "default_max_num_seqs")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxNumSeqs must be at least 1"))]
+    pub max_num_seqs: i32,
+    /// Tokens computed per step per rank.
+    #[serde(default = "default_max_num_batched_tokens")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxNumBatchedTokens must be at least 1"))]
+    pub max_num_batched_tokens: i32,
+    /// Requests that may wait before new ones get HTTP 429.
+    #[serde(default = "default_max_queued_requests")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxQueuedRequests must be at least 1"))]
+    pub max_queued_requests: i64,
+    /// Prompt tokens that may wait before new requests get HTTP 429.
+    #[serde(default = "default_max_queued_tokens")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxQueuedTokens must be at least 1"))]
+    pub max_queued_tokens: i64,
+    /// Running requests per tenant; more wait as deferred. Unset: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxRunningPerTenant must be at least 1"))]
+    pub max_running_per_tenant: Option<i32>,
+    /// KV cache shape per rank.
+    #[serde(default)]
+    pub kv_cache: KvCacheSpec,
+    /// Share KV blocks between requests with equal prefixes.
+    #[serde(default = "yes")]
+    pub enable_prefix_caching: bool,
+}
+
+/// KV cache shape per rank.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KvCacheSpec {
+    /// Blocks per rank; unset lets the engine size it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("kvCache.numBlocks must be at least 1"))]
+    pub num_blocks: Option<i64>,
+    /// Tokens per block.
+    #[serde(default = "default_block_size")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("kvCache.blockSize must be at least 1"))]
+    pub block_size: i32,
+}
+
+/// Scaling on what replicas report, with HPA's algorithm and behaviour.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
+#[x_kube(validation = kube::core::Rule::new("!self.enabled || has(self.targets.capacityWaitingPerReplica) || has(self.targets.kvCacheUsage) || has(self.targets.admissionRejectionsPerSecond) || has(self.targets.ttftP99Seconds)").message("autoscaling needs at least one target"))]
+pub struct AutoscalingSpec {
+    /// False: follow `spec.replicas` (set by `kubectl scale`, an HPA or KEDA).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Fewest replicas.
+    #[serde(default = "one")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("minReplicas must not be negative"))]
+    pub min_replicas: i32,
+    /// Most replicas.
+    #[serde(default = "default_max_replicas")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxReplicas must be at least 1"))]
+    pub max_replicas: i32,
+    /// Per-signal targets; each is optional.
+    #[serde(default)]
+    pub targets: TargetsSpec,
+    /// No change while |observed / target − 1| is at most this.
+    #[serde(default = "default_tolerance")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self < 1.0").message("tolerance must be in [0, 1)"))]
+    pub tolerance: f64,
+    /// Stabilisation windows and rate policies, as HPA's `behavior`.
+    #[serde(default)]
+    pub behavior: BehaviorSpec,
+}
+
+/// Targets per signal. Unset targets are not used; at least one must be set when
+/// autoscaling is enabled.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetsSpec {
+    /// Requests waiting for capacity, fleet total divided by replicas.
+    #[serde(
+        default = "default_capacity_waiting",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("capacityWaitingPerReplica must be positive"))]
+    pub capacity_waiting_per_replica: Option<f64>,
+    /// KV cache usage: per replica the max over its ranks, averaged over replicas.
+    #[serde(default = "default_kv_usage", skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0 && self <= 1.0").message("kvCacheUsage must be in (0, 1]"))]
+    pub kv_cache_usage: Option<f64>,
+    /// HTTP 429 admission rejections per second, per replica.
+    #[serde(
+        default = "default_rejections",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("admissionRejectionsPerSecond must be positive"))]
+    pub admission_rejections_per_second: Option<f64>,
+    /// Fleet p99 time to first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("ttftP99Seconds must be positive"))]
+    pub ttft_p99_seconds: Option<f64>,
+}
+
+/// Scale-up and scale-down behaviour.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BehaviorSpec {
+    /// Default: no window; the larger of +100 % and +4 pods per 15 s.
+    #[serde(default = "default_scale_up")]
+    pub scale_up: ScalingRules,
+    /// Default: 300 s window; −100 % per 15 s.
+    #[serde(default = "default_scale_down")]
+    pub scale_down: ScalingRules,
+}
+
+/// One direction's stabilisation window and rate policies.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingRules {
+    /// Seconds of recommendations considered: scale-down takes the highest in the window,
+    /// scale-up the lowest.
+    #[serde(default)]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0 && self <= 3600").message("stabilizationWindowSeconds must be 0..3600"))]
+    pub stabilization_window_seconds: i32,
+    /// Which policy wins when several allow different changes: `Max` (largest change),
+    /// `Min` (smallest) or `Disabled` (no change in this direction).
+    #[serde(default)]
+    pub select_policy: SelectPolicy,
+    /// Limits on the change per period.
+    #[serde(default)]
+    pub policies: Vec<ScalingPolicy>,
+}
+
+/// How policies combine.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum SelectPolicy {
+    // The policy allowing the largest change.
+    #[default]
+    Max,
+    // The policy allowing the smallest change.
+    Min,
+    // No change in this direction.
+    Disabled,
+}
+
+/// A rate limit on scaling.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingPolicy {
+    /// `Pods` (absolute) or `Percent` (of the replicas at the start of the period).
+    #[serde(rename = "type")]
+    pub type_: PolicyType,
+    /// Pods or percent per period.
+    #[x_kube(validation = kube::core::Rule::new("self > 0").message("policy value must be positive"))]
+    pub value: i32,
+    /// Length of the period.
+    #[x_kube(validation = kube::core::Rule::new("self > 0 && self <= 1800").message("periodSeconds must be 1..1800"))]
+    pub period_seconds: i32,
+}
+
+/// Unit of a scaling policy.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyType {
+    // Absolute number of pods.
+    Pods,
+    // Percent of the current replicas.
+    Percent,
+}
+
+/// Moving traffic away from hot replicas before (or instead of) scaling.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RebalancingSpec {
+    /// Off: never take replicas out of rotation or change DP weights.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// A replica whose KV usage (max over ranks) is above this stops taking new traffic…
+    #[serde(default = "default_hot_kv")]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0 && self <= 1.0").message("hotKvCacheUsage must be in (0, 1]"))]
+    pub hot_kv_cache_usage: f64,
+    /// …or with this many requests waiting for capacity.
+    #[serde(default = "default_hot_waiting")]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("hotCapacityWaiting must be positive"))]
+    pub hot_capacity_waiting: f64,
+    /// …and returns below this fraction of the hot thresholds.
+    #[serde(default = "default_cool_fraction")]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0 && self < 1.0").message("coolFraction must be in (0, 1)"))]
+    pub cool_fraction: f64,
+    /// Never fewer replicas taking traffic.
+    #[serde(default = "one")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("minAccepting must be at least 1"))]
+    pub min_accepting: i32,
+    /// Above this DP token imbalance ratio, shift the replica's DP dispatch weights.
+    #[serde(default = "default_dp_imbalance")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1.0").message("dpImbalanceRatio must be at least 1"))]
+    pub dp_imbalance_ratio: f64,
+}
+
+/// How replicas are scraped.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.scrapeTimeoutSeconds <= self.scrapeIntervalSeconds").message("scrapeTimeoutSeconds must not exceed scrapeIntervalSeconds"))]
+pub struct MetricsSpec {
+    /// Path of the Prometheus exposition on the engine port.
+    #[serde(default = "default_metrics_path")]
+    #[x_kube(validation = kube::core::Rule::new("self.startsWith('/')").message("metrics.path must start with /"))]
+    pub path: String,
+    /// Seconds between control periods (scrape, decide, act).
+    #[serde(default = "default_scrape_interval")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("scrapeIntervalSeconds must be at least 1"))]
+    pub scrape_interval_seconds: i32,
+    /// A replica slower than this contributes no sample.
+    #[serde(default = "default_scrape_timeout")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("scrapeTimeoutSeconds must be at least 1"))]
+    pub scrape_timeout_seconds: i32,
+    /// A larger exposition is refused (no sample).
+    #[serde(default = "default_max_body")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1024").message("maxBodyBytes must be at least 1024"))]
+    pub max_body_bytes: i64,
+    /// With fewer ready replicas reporting than this fraction, hold with
+    /// `MetricsAvailable=False` instead of acting on partial data.
+    #[serde(default = "default_min_reporting")]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0 && self <= 1.0").message("minReportingFraction must be in (0, 1]"))]
+    pub min_reporting_fraction: f64,
+}
+
+/// What the operator observed and decided. Written only by the operator.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceServiceStatus {
+    /// `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Replicas that exist (scale subresource `statusReplicasPath`).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Replicas that are ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Replicas in rotation (not taken out by rebalancing).
+    #[serde(default)]
+    pub accepting_replicas: i32,
+    /// Replicas the operator wants.
+    #[serde(default)]
+    pub desired_replicas: i32,
+    /// Label selector of the replicas (scale subresource `labelSelectorPath`).
+    #[serde(default)]
+    pub selector: String,
+    /// When the replica count last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<String>,
+    /// Ready, ScalingActive, ScalingLimited, MetricsAvailable, Degraded.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The latest decision and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision: Option<Decision>,
+}
+
+/// What the operator does this control period.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    // Add replicas.
+    ScaleUp,
+    // Drain and remove replicas.
+    ScaleDown,
+    // Move traffic between replicas or DP ranks.
+    Rebalance,
+    // Change nothing.
+    Hold,
+}
+
+/// A decision with its explanation.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// What was decided: `ScaleUp`, `ScaleDown`, `Rebalance` or `Hold`.
+    pub action: Action,
+    /// A stable CamelCase word: CapacityWaiting, KvCacheHot, DeferredWaiting, MetricsStale, …
+    pub reason: String,
+    /// One line a person can read.
+    pub message: String,
+    /// When (RFC 3339).
+    pub time: String,
+    /// The aggregated signals the decision was made on.
+    pub signals: Signals,
+    /// Replicas each signal asked for.
+    #[serde(default)]
+    pub recommendations: Vec<Recommendation>,
+}
+
+/// Aggregated fleet signals; a signal no replica reported is null.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Signals {
+    /// Requests waiting for capacity, fleet total.
+    pub capacity_waiting: Option<f64>,
+    /// Requests deferred by tenant caps, fleet total.
+    pub deferred_waiting: Option<f64>,
+    /// Per replica max over ranks, averaged over replicas.
+    pub kv_cache_usage: Option<f64>,
+    /// Fleet 429 rate per replica.
+    pub admission_rejections_per_second: Option<f64>,
+    /// Fleet p99 TTFT.
+    pub ttft_p99_seconds: Option<f64>,
+}
+
+/// Replicas one signal asked for.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Recommendation {
+    /// The signal's name as in `signals`.
+    pub signal: String,
+    /// Replicas it recommends.
+    pub replicas: i32,
+}
+
+fn yes() -> bool {
+    true
+}
+fn one() -> i32 {
+    1
+}
+fn default_port() -> i32 {
+    8000
+}
+fn default_grpc_port() -> i32 {
+    9000
+}
+fn default_max_num_seqs() -> i32 {
+    256
+}
+fn default_max_num_batched_tokens() -> i32 {
+    8192
+}
+fn default_max_queued_requests() -> i64 {
+    1024
+}
+fn default_max_queued_tokens() -> i64 {
+    1_048_576
+}
+fn default_block_size() -> i32 {
+    16
+}
+fn default_max_replicas() -> i32 {
+    4
+}
+fn default_tolerance() -> f64 {
+    0.1
+}
+fn default_capacity_waiting() -> Option<f64> {
+    Some(4.0)
+}
+fn default_kv_usage() -> Option<f64> {
+    Some(0.85)
+}
+fn default_rejections() -> Option<f64> {
+    Some(0.05)
+}
+fn default_scale_up() -> ScalingRules {
+    ScalingRules {
+        stabilization_window_seconds: 0,
+        select_policy: SelectPolicy::Max,
+        policies: vec![
+            ScalingPolicy {
+                type_: PolicyType::Pods,
+                value: 4,
+                period_seconds: 15,
+            },
+            ScalingPolicy {
+                type_: PolicyType::Percent,
+                value: 100,
+                period_seconds: 15,
+            },
+        ],
+    }
+}
+fn default_scale_down() -> ScalingRules {
+    ScalingRules {
+        stabilization_window_seconds: 300,
+        select_policy: SelectPolicy::Max,
+        policies: vec![ScalingPolicy {
+            type_: PolicyType::Percent,
+            value: 100,
+            period_seconds: 15,
+        }],
+    }
+}
+fn default_hot_kv() -> f64 {
+    0.95
+}
+fn default_hot_waiting() -> f64 {
+    8.0
+}
+fn default_cool_fraction() -> f64 {
+    0.8
+}
+fn default_dp_imbalance() -> f64 {
+    1.5
+}
+fn default_metrics_path() -> String {
+    "/metrics".into()
+}
+fn default_scrape_interval() -> i32 {
+    5
+}
+fn default_scrape_timeout() -> i32 {
+    2
+}
+fn default_max_body() -> i64 {
+    4 * 1024 * 1024
+}
+fn default_min_reporting() -> f64 {
+    0.5
+}
+
+macro_rules! default_from_serde {
+    ($($t:ty),*) => {$(
+        impl Default for $t {
+            /// The defaults of the CRD schema (an empty object deserialised).
+            fn default() -> Self {
+                serde_json::from_value(serde_json::json!({})).expect("every field has a default")
+            }
+        }
+    )*};
+}
+default_from_serde!(
+    EngineSpec,
+    KvCacheSpec,
+    AutoscalingSpec,
+    TargetsSpec,
+    BehaviorSpec,
+    RebalancingSpec,
+    MetricsSpec
+);
+
+impl InferenceServiceSpec {
+    /// Checks every rule the CRD's CEL validations state, for runtimes without an API server
+    /// (`ballast local`) and as the reconciler's second line. Returns every violation, each
+    /// as the same message the CRD uses.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut errs = Vec::new();
+        let mut check = |ok: bool, msg: &str| {
+            if !ok {
+                errs.push(msg.to_string());
+            }
+        };
+        let e = &self.engine;
+        check(
+            !self.model.source.is_empty(),
+            "model.source must not be empty",
+        );
+        check(
+            self.replicas.is_none_or(|r| r >= 0),
+            "replicas must not be negative",
+        );
+        check(e.port > 0 && e.port < 65536, "port must be 1..65535");
+        check(
+            e.grpc_port >= 0 && e.grpc_port < 65536,
+            "grpcPort must be 0..65535",
+        );
+        check(
+            e.data_parallel_size >= 1,
+            "dataParallelSize must be at least 1",
+        );
+        check(e.max_num_seqs >= 1, "maxNumSeqs must be at least 1");
+        check(
+            e.max_num_batched_tokens >= 1,
+            "maxNumBatchedTokens must be at least 1",
+        );
+        check(
+            e.max_queued_requests >= 1,
+            "maxQueuedRequests must be at least 1",
+        );
+        check(
+            e.max_queued_tokens >= 1,
+            "maxQueuedTokens must be at least 1",
+        );
+        check(
+            e.max_running_per_tenant.is_none_or(|n| n >= 1),
+            "maxRunningPerTenant must be at least 1",
+        );
+        check(
+            e.kv_cache.num_blocks.is_none_or(|n| n >= 1),
+            "kvCache.numBlocks must be at least 1",
+        );
+        check(
+            e.kv_cache.block_size >= 1,
+            "kvCache.blockSize must be at least 1",
+        );
+        let a = &self.autoscaling;
+        check(a.min_replicas >= 0, "minReplicas must not be negative");
+        check(a.max_replicas >= 1, "maxReplicas must be at least 1");
+        check(
+            a.min_replicas <= a.max_replicas,
+            "minReplicas must not exceed maxReplicas",
+        );
+        check(
+            a.tolerance >= 0.0 && a.tolerance < 1.0,
+            "tolerance must be in [0, 1)",
+        );
+        let t = &a.targets;
+        check(
+            t.capacity_waiting_per_replica.is_none_or(|v| v > 0.0),
+            "capacityWaitingPerReplica must be positive",
+        );
+        check(
+            t.kv_cache_usage.is_none_or(|v| v > 0.0 && v <= 1.0),
+            "kvCacheUsage must be in (0, 1]",
+        );
+        check(
+            t.admission_rejections_per_second.is_none_or(|v| v > 0.0),
+            "admissionRejectionsPerSecond must be positive",
+        );
+        check(
+            t.ttft_p99_seconds.is_none_or(|v| v > 0.0),
+            "ttftP99Seconds must be positive",
+        );
+        let any_target = t.capacity_waiting_per_replica.is_some()
+            || t.kv_cache_usage.is_some()
+            || t.admission_rejections_per_second.is_some()
+            || t.ttft_p99_seconds.is_some();
+        check(
+            !a.enabled || any_target,
+            "autoscaling needs at least one target",
+        );
+        for rules in [&a.behavior.scale_up, &a.behavior.scale_down] {
+            check(
+                (0..=3600).contains(&rules.stabilization_window_seconds),
+                "stabilizationWindowSeconds must be 0..3600",
+            );
+            for p in &rules.policies {
+                check(p.value > 0, "policy value must be positive");
+                check(
+                    p.period_seconds > 0 && p.period_seconds <= 1800,
+                    "periodSeconds must be 1..1800",
+                );
+            }
+        }
+        let r = &self.rebalancing;
+        check(
+            r.hot_kv_cache_usage > 0.0 && r.hot_kv_cache_usage <= 1.0,
+            "hotKvCacheUsage must be in (0, 1]",
+        );
+        check(
+            r.hot_capacity_waiting > 0.0,
+            "hotCapacityWaiting must be positive",
+        );
+        check(
+            r.cool_fraction > 0.0 && r.cool_fraction < 1.0,
+            "coolFraction must be in (0, 1)",
+        );
+        check(r.min_accepting >= 1, "minAccepting must be at least 1");
+        check(
+            r.dp_imbalance_ratio >= 1.0,
+            "dpImbalanceRatio must be at least 1",
+        );
+        let m = &self.metrics;
+        check(m.path.starts_with('/'), "metrics.path must start with /");
+        check(
+            m.scrape_interval_seconds >= 1,
+            "scrapeIntervalSeconds must be at least 1",
+        );
+        check(
+            m.scrape_timeout_seconds >= 1,
+            "scrapeTimeoutSeconds must be at least 1",
+        );
+        check(
+            m.scrape_timeout_seconds <= m.scrape_interval_seconds,
+            "scrapeTimeoutSeconds must not exceed scrapeIntervalSeconds",
+        );
+        check(
+            m.max_body_bytes >= 1024,
+            "maxBodyBytes must be at least 1024",
+        );
+        check(
+            m.min_reporting_fraction > 0.0 && m.min_reporting_fraction <= 1.0,
+            "minReportingFraction must be in (0, 1]",
+        );
+        if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+}
+
+impl InferenceService {
+    /// The `model` name clients send: `spec.model.servedName`, else the resource name.
+    pub fn served_name(&self) -> String {
+        self.spec
+            .model
+            .served_name
+            .clone()
+            .unwrap_or_else(|| self.metadata.name.clone().unwrap_or_default())
+    }
+}
+
+/// The CRD as YAML, exactly what `ballast crd` prints and `crds/` holds.
+pub fn crd_yaml() -> String {
+    let crd = InferenceService::crd();
+    let body = serde_saphyr::to_string(&crd).expect("the CRD serialises");
+    format!(
+        "# Generated by `ballast crd` from crds/src/lib.rs; do not edit by hand.\n---\n{}",
+        body.trim_start_matches("---\n")
+    )
+}
+
+/// Parses one or more `---`-separated YAML documents into resources, skipping empty ones.
+pub fn parse_yaml(text: &str) -> Result<Vec<InferenceService>, String> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(text).map_err(|e| format!("invalid YAML: {e}"))?;
+    docs.into_iter()
+        .filter(|v| !v.is_null())
+        .enumerate()
+        .map(|(i, v)| {
+            serde_json::from_value(v)
+                .map_err(|e| format!("document {}: not an InferenceService: {e}", i + 1))
+        })
+        .collect()
+}
