@@ -1,0 +1,9 @@
+//! The Ballast control plane.
+//!
+//! `scrape` turns replicas' Prometheus expositions (in the ballast, vLLM or SGLang
+//! dialect) into [`signals`]; `decide` is a pure function from (spec, signals, history,
+//! now) to a decision with its explanation; the runtimes act on decisions.
+
+pub mod decide;
+pub mod scrape;
+pub mod signals;

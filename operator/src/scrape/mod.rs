@@ -1,0 +1,1 @@
+//! Scraping replicas' /metrics.

@@ -1,0 +1,107 @@
+//! The boundary between scraping and deciding: what one replica reported (one scrape, in
+//! a dialect-independent form), what it means over a control period, and the fleet view
+//! the decision core reads.
+//!
+//! Aggregation rules of the control-plane contract §3 live in the scrape module that
+//! produces these; the decision core only consumes them.
+
+/// Which series names a replica's exposition uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// `ballast_*`.
+    Ballast,
+    /// `vllm:*`.
+    Vllm,
+    /// `sglang:*`.
+    Sglang,
+}
+
+impl From<ballast_crds::EngineKind> for Dialect {
+    fn from(k: ballast_crds::EngineKind) -> Self {
+        match k {
+            ballast_crds::EngineKind::Ballast => Dialect::Ballast,
+            ballast_crds::EngineKind::Vllm => Dialect::Vllm,
+            ballast_crds::EngineKind::Sglang => Dialect::Sglang,
+        }
+    }
+}
+
+/// One scrape of one replica, after the dialect adapter. Gauges are already combined over
+/// the replica's data-parallel ranks (waiting summed, KV usage max); counters are raw
+/// lifetime values (summed over ranks and labels) so rates can be taken between scrapes.
+/// `None` means the exposition did not carry the series.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplicaSample {
+    /// Requests running, summed over ranks.
+    pub running: Option<f64>,
+    /// Requests waiting for capacity, summed over ranks. Dialects without a reason split
+    /// report all waiting requests here.
+    pub waiting_capacity: Option<f64>,
+    /// Requests deferred (tenant caps), summed over ranks; `None` when the dialect cannot
+    /// tell deferred from capacity.
+    pub waiting_deferred: Option<f64>,
+    /// KV cache usage in [0, 1]: the max over ranks, never the mean.
+    pub kv_usage: Option<f64>,
+    /// Lifetime admission rejections (HTTP 429), summed over ranks and reasons.
+    pub rejections_total: Option<f64>,
+    /// TTFT histogram: cumulative counts per upper bound (`le`, +Inf last), summed over
+    /// ranks by `le`. Empty when absent.
+    pub ttft_buckets: Vec<(f64, f64)>,
+    /// Lifetime tokens scheduled per DP rank (index = rank); empty when absent.
+    pub dp_tokens: Vec<f64>,
+    /// Lifetime sum and count of the DP token-imbalance-ratio histogram (rank 0's).
+    pub dp_imbalance: Option<(f64, f64)>,
+}
+
+/// What one replica's samples mean over a control period.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplicaSignals {
+    /// Replica name (pod or local process name).
+    pub name: String,
+    /// Latest running requests.
+    pub running: f64,
+    /// Latest capacity-waiting requests.
+    pub capacity_waiting: f64,
+    /// Latest deferred requests (0 when the dialect cannot tell).
+    pub deferred_waiting: f64,
+    /// Latest KV usage (max over ranks).
+    pub kv_usage: f64,
+    /// 429s per second over the period (counter increase; a reset counts from zero).
+    /// `None` without two samples.
+    pub rejections_per_second: Option<f64>,
+    /// TTFT bucket increases over the period, cumulative by `le` (+Inf last).
+    pub ttft_bucket_increase: Vec<(f64, f64)>,
+    /// Mean DP token-imbalance ratio over the period, when the replica has DP ranks.
+    pub dp_imbalance_ratio: Option<f64>,
+    /// Each rank's share of the tokens scheduled over the period (sums to 1).
+    pub dp_token_share: Vec<f64>,
+}
+
+/// The fleet as the decision core sees it in one control period.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetSignals {
+    /// Per replica that reported a usable sample this period.
+    pub replicas: Vec<ReplicaSignals>,
+    /// Replicas that were ready and asked for metrics (reported or not).
+    pub ready: usize,
+    /// Replicas created but not ready yet (starting, loading the model).
+    pub starting: usize,
+    /// Σ capacity-waiting over reporting replicas.
+    pub capacity_waiting: Option<f64>,
+    /// Σ deferred over reporting replicas.
+    pub deferred_waiting: Option<f64>,
+    /// Mean over reporting replicas of each replica's KV usage (itself a max over ranks).
+    pub kv_usage: Option<f64>,
+    /// Σ rejection rates / reporting replicas.
+    pub rejections_per_second_per_replica: Option<f64>,
+    /// p99 of the TTFT buckets summed by `le` over replicas (never an average of
+    /// per-replica quantiles). `None` without observations in the period.
+    pub ttft_p99_seconds: Option<f64>,
+}
+
+impl FleetSignals {
+    /// Replicas that reported.
+    pub fn reporting(&self) -> usize {
+        self.replicas.len()
+    }
+}
