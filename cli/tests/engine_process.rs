@@ -211,3 +211,38 @@ fn bench_against_a_live_engine_reports_every_request() {
     assert!(stdout.contains("TTFT"), "{stdout}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_control_port_is_announced_and_serves() {
+    use ballast_engine::control::proto::GetStatsRequest;
+    use ballast_engine::control::proto::engine_control_client::EngineControlClient;
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = ballast()
+        .args(["engine", "--port", "0", "--grpc-port", &free.to_string()])
+        .env("BALLAST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let control = lines.next().unwrap().unwrap();
+    let http = lines.next().unwrap().unwrap();
+    assert_eq!(
+        control,
+        format!("ballast engine control API listening on http://127.0.0.1:{free}")
+    );
+    assert!(
+        http.starts_with("ballast engine listening on http://127.0.0.1:"),
+        "{http}"
+    );
+    let mut c = EngineControlClient::connect(format!("http://127.0.0.1:{free}"))
+        .await
+        .unwrap();
+    let stats = c.get_stats(GetStatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.ranks.len(), 1);
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -47,8 +47,8 @@ pub struct EngineArgs {
     )]
     pub port: u16,
 
-    /// Port of the gRPC control API; 0 disables it. (The control API is not built yet, so
-    /// only 0 is accepted.)
+    /// Port of the gRPC control API (stats, DP weights, drain/resume, prefix-cache reset);
+    /// 0 disables it.
     #[arg(
         long,
         env = "BALLAST_GRPC_PORT",
@@ -252,6 +252,8 @@ pub struct EngineConfig {
     pub host: IpAddr,
     /// HTTP port (0: any).
     pub port: u16,
+    /// Control API port (0: disabled).
+    pub grpc_port: u16,
     /// DP ranks.
     pub data_parallel_size: usize,
     /// Rank assignment.
@@ -293,12 +295,6 @@ impl EngineConfig {
     /// Validates flags into a configuration.
     pub fn from_args(a: &EngineArgs) -> Result<Self, ConfigError> {
         let mut model = ModelSpec::from_model_arg(&a.model)?;
-        if a.grpc_port != 0 {
-            return Err(bad(
-                "grpc-port",
-                "the gRPC control API is not available in this build; use 0",
-            ));
-        }
         if a.data_parallel_size == 0 || a.data_parallel_size > 64 {
             return Err(bad("data-parallel-size", "must be between 1 and 64"));
         }
@@ -395,6 +391,7 @@ impl EngineConfig {
                 .unwrap_or_else(|| a.model.clone()),
             host: a.host,
             port: a.port,
+            grpc_port: a.grpc_port,
             data_parallel_size: a.data_parallel_size,
             dispatch_policy: a.dispatch_policy,
             scheduler: SchedulerConfig {
@@ -485,7 +482,7 @@ mod tests {
             (&["--model", "synthetic:nope"], "model"),
             (&["--max-model-len", "99999"], "max-model-len"),
             (&["--max-queued-requests", "0"], "max-queued-requests"),
-            (&["--grpc-port", "9000"], "grpc-port"),
+            (&["--log-stats-interval", "0"], "log-stats-interval"),
         ];
         for (args, flag) in cases {
             let e = EngineConfig::from_args(&parse(args)).unwrap_err();

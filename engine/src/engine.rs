@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use crate::admission::{AdmissionLedger, RejectReason};
 use crate::backend::cpu::CpuBackend;
 use crate::config::EngineConfig;
+use crate::control::{BoardLogger, ControlBoard};
 use crate::core::{GatherMsg, RankCommand, RankWorker};
 use crate::dispatcher::Dispatcher;
 use crate::dp::DpGroup;
@@ -76,6 +77,7 @@ struct Inner {
     routes: Arc<RouteTable>,
     metrics: Arc<EngineMetrics>,
     spans: Option<Arc<SpanExporter>>,
+    board: Arc<ControlBoard>,
     next_id: AtomicU64,
     draining: AtomicBool,
     in_flight: watch::Sender<usize>,
@@ -164,18 +166,21 @@ impl Engine {
         }
         drop(out_tx);
         let st = &config.stats;
-        let mut loggers: Vec<Box<dyn StatLogger>> = vec![Box::new(PrometheusLogger::new(
-            Arc::clone(&metrics),
-            FlopsModel::new(&config.model, 4),
-            s.max_num_seqs,
-            st.log_interval,
-        ))];
+        let board = ControlBoard::new(n);
+        let mut loggers: Vec<Box<dyn StatLogger>> = vec![
+            Box::new(BoardLogger(Arc::clone(&board))),
+            Box::new(PrometheusLogger::new(
+                Arc::clone(&metrics),
+                FlopsModel::new(&config.model, 4),
+                s.max_num_seqs,
+                st.log_interval,
+            )),
+        ];
         if !st.disable_log_stats {
-            loggers.push(Box::new(LogLineLogger::new(
-                n,
-                st.aggregate_engine_logging,
-                Instant::now(),
-            )));
+            loggers.push(Box::new(
+                LogLineLogger::new(n, st.aggregate_engine_logging, Instant::now())
+                    .watch_prefix_resets(Arc::clone(&board.prefix_resets)),
+            ));
         }
         let spans = st.otlp_traces_endpoint.as_deref().and_then(|url| {
             match SpanExporter::new(url, "ballast-engine") {
@@ -207,6 +212,7 @@ impl Engine {
                 routes,
                 metrics,
                 spans,
+                board,
                 next_id: AtomicU64::new(1),
                 draining: AtomicBool::new(false),
                 in_flight: watch::Sender::new(0),
@@ -369,6 +375,16 @@ impl Engine {
     /// Stops admitting: new submissions fail with [`SubmitError::Draining`].
     pub fn begin_drain(&self) {
         self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Admits new requests again after [`Self::begin_drain`] (control API `Resume`).
+    pub fn resume(&self) {
+        self.inner.draining.store(false, Ordering::SeqCst);
+    }
+
+    /// Latest per-rank state for the control API.
+    pub fn control_board(&self) -> &ControlBoard {
+        &self.inner.board
     }
 
     /// Whether [`Self::begin_drain`] was called.

@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod backend;
 pub mod config;
+pub mod control;
 pub mod core;
 pub mod dispatcher;
 pub mod dp;
@@ -71,9 +72,48 @@ pub async fn run(args: EngineArgs) -> Result<(), RunError> {
         max_model_len = config.max_model_len(),
         "starting engine"
     );
+    let control = match config.grpc_port {
+        0 => None,
+        port => {
+            let addr = std::net::SocketAddr::new(config.host, port);
+            let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {addr} (--grpc-port): {e}"),
+                )
+            })?;
+            Some(l)
+        }
+    };
     let engine = Engine::start(config);
-    // Printed (not logged) so a parent process can read the port it was given.
+    // Printed (not logged) so a parent process can read the ports it was given; the HTTP
+    // line comes last and means "ready".
+    let (stop_control, control_stopped) = tokio::sync::oneshot::channel::<()>();
+    let control_task = match control {
+        Some(l) => {
+            println!(
+                "ballast engine control API listening on http://{}",
+                l.local_addr()?
+            );
+            let service = control::ControlService::server(engine.clone());
+            Some(tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::TcpListenerStream::new(l),
+                        async {
+                            let _ = control_stopped.await;
+                        },
+                    ),
+            ))
+        }
+        None => None,
+    };
     println!("ballast engine listening on http://{local}");
     server::serve(engine, listener).await?;
+    let _ = stop_control.send(());
+    if let Some(task) = control_task {
+        let _ = task.await;
+    }
     Ok(())
 }

@@ -267,6 +267,7 @@ pub struct LogLineLogger {
     aggregate: bool,
     last: Instant,
     quiet: bool,
+    prefix_resets: Option<(Arc<std::sync::atomic::AtomicU64>, u64)>,
 }
 
 impl LogLineLogger {
@@ -278,7 +279,15 @@ impl LogLineLogger {
             aggregate,
             last: now,
             quiet: false,
+            prefix_resets: None,
         }
+    }
+
+    /// Clears the hit-rate windows whenever `resets` changes (a prefix-cache reset).
+    pub fn watch_prefix_resets(mut self, resets: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        let seen = resets.load(std::sync::atomic::Ordering::SeqCst);
+        self.prefix_resets = Some((resets, seen));
+        self
     }
 
     /// Forgets the hit-rate windows (the prefix cache was reset).
@@ -380,6 +389,13 @@ impl LogLineLogger {
 
 impl StatLogger for LogLineLogger {
     fn record(&mut self, s: &StepStats<'_>) {
+        if let Some((resets, seen)) = &mut self.prefix_resets {
+            let now = resets.load(std::sync::atomic::Ordering::SeqCst);
+            if now != *seen {
+                *seen = now;
+                self.reset_prefix_cache();
+            }
+        }
         let a = &mut self.ranks[s.rank];
         a.prompt_computed += s.counters.prefill_tokens as u64;
         a.generated += s.iteration.generation_tokens;

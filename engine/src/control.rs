@@ -1,0 +1,192 @@
+//! The engine control API (tonic gRPC, `--grpc-port`): stats snapshots and a stats stream
+//! for the operator, DP dispatch weights, drain and resume of admission, and prefix-cache
+//! reset. The .proto lives in `engine/proto/` and is compiled by protox in build.rs.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::engine::Engine;
+use crate::events::SchedulerSnapshot;
+use crate::stats::{StatLogger, StepStats};
+
+/// Generated protobuf types and gRPC stubs.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("ballast.control.v1");
+}
+
+use proto::engine_control_server::{EngineControl, EngineControlServer};
+
+#[derive(Debug, Clone, Copy, Default)]
+struct RankState {
+    snapshot: SchedulerSnapshot,
+    tokens_scheduled: u64,
+}
+
+/// The latest state of every rank, kept by a stat logger for the control API.
+#[derive(Debug)]
+pub struct ControlBoard {
+    ranks: Mutex<Vec<RankState>>,
+    /// Bumped on every successful prefix-cache reset; the log line's hit-rate window
+    /// watches it.
+    pub prefix_resets: Arc<AtomicU64>,
+}
+
+impl ControlBoard {
+    /// A board for `num_ranks` ranks.
+    pub fn new(num_ranks: usize) -> Arc<Self> {
+        Arc::new(Self {
+            ranks: Mutex::new(vec![RankState::default(); num_ranks]),
+            prefix_resets: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    fn ranks(&self) -> Vec<RankState> {
+        self.ranks.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Feeds a [`ControlBoard`] from the stats feed.
+pub struct BoardLogger(pub Arc<ControlBoard>);
+
+impl StatLogger for BoardLogger {
+    fn record(&mut self, s: &StepStats<'_>) {
+        let mut ranks = self.0.ranks.lock().unwrap_or_else(|e| e.into_inner());
+        let r = &mut ranks[s.rank];
+        r.snapshot = *s.snapshot;
+        r.tokens_scheduled += s.counters.scheduled_tokens as u64;
+    }
+}
+
+/// The gRPC service over an engine.
+pub struct ControlService {
+    engine: Engine,
+}
+
+impl ControlService {
+    /// The service, ready to add to a tonic server.
+    pub fn server(engine: Engine) -> EngineControlServer<Self> {
+        EngineControlServer::new(Self { engine })
+    }
+}
+
+fn snapshot(engine: &Engine) -> proto::StatsSnapshot {
+    let weights = engine.dispatcher().weights();
+    let outstanding = engine.dispatcher().outstanding();
+    let queued = engine.admission().queued();
+    let ranks = engine
+        .control_board()
+        .ranks()
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| proto::RankStats {
+            rank: rank as u32,
+            running: r.snapshot.running,
+            waiting_capacity: r.snapshot.waiting_capacity,
+            waiting_deferred: r.snapshot.waiting_deferred,
+            kv_usage: r.snapshot.kv_usage,
+            kv_blocks_used: r.snapshot.kv_blocks.used as u64,
+            kv_blocks_evictable: r.snapshot.kv_blocks.evictable as u64,
+            kv_blocks_total: r.snapshot.kv_blocks.total as u64,
+            dispatch_weight: weights[rank],
+            outstanding_tokens: outstanding[rank],
+            tokens_scheduled: r.tokens_scheduled,
+        })
+        .collect();
+    proto::StatsSnapshot {
+        model_name: engine.config().served_model_name.clone(),
+        ranks,
+        draining: engine.is_draining(),
+        in_flight: engine.in_flight() as u64,
+        queued_requests: queued.requests as u64,
+        queued_tokens: queued.tokens as u64,
+        unix_ms: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<proto::StatsSnapshot, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl EngineControl for ControlService {
+    async fn get_stats(
+        &self,
+        _: Request<proto::GetStatsRequest>,
+    ) -> Result<Response<proto::StatsSnapshot>, Status> {
+        Ok(Response::new(snapshot(&self.engine)))
+    }
+
+    type StreamStatsStream = SnapshotStream;
+
+    async fn stream_stats(
+        &self,
+        req: Request<proto::StreamStatsRequest>,
+    ) -> Result<Response<Self::StreamStatsStream>, Status> {
+        let every = Duration::from_millis(req.into_inner().interval_ms.max(50) as u64);
+        let engine = self.engine.clone();
+        let stream = futures::stream::unfold(tokio::time::interval(every), move |mut tick| {
+            let engine = engine.clone();
+            async move {
+                tick.tick().await;
+                Some((Ok(snapshot(&engine)), tick))
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn set_dp_weights(
+        &self,
+        req: Request<proto::SetDpWeightsRequest>,
+    ) -> Result<Response<proto::SetDpWeightsResponse>, Status> {
+        let weights = req.into_inner().weights;
+        self.engine
+            .dispatcher()
+            .set_weights(&weights)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(proto::SetDpWeightsResponse {
+            weights: self.engine.dispatcher().weights(),
+        }))
+    }
+
+    async fn drain(
+        &self,
+        _: Request<proto::DrainRequest>,
+    ) -> Result<Response<proto::DrainResponse>, Status> {
+        self.engine.begin_drain();
+        Ok(Response::new(proto::DrainResponse {
+            in_flight: self.engine.in_flight() as u64,
+        }))
+    }
+
+    async fn resume(
+        &self,
+        _: Request<proto::ResumeRequest>,
+    ) -> Result<Response<proto::ResumeResponse>, Status> {
+        self.engine.resume();
+        Ok(Response::new(proto::ResumeResponse {}))
+    }
+
+    async fn reset_prefix_cache(
+        &self,
+        _: Request<proto::ResetPrefixCacheRequest>,
+    ) -> Result<Response<proto::ResetPrefixCacheResponse>, Status> {
+        let engine = self.engine.clone();
+        // Ranks answer between steps; waiting for them must not block a runtime thread.
+        let ok = tokio::task::spawn_blocking(move || engine.reset_prefix_cache())
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        if ok {
+            self.engine
+                .control_board()
+                .prefix_resets
+                .fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(Response::new(proto::ResetPrefixCacheResponse { ok }))
+    }
+}
