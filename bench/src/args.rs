@@ -237,7 +237,6 @@ pub(crate) struct Config {
     pub seed: u64,
     /// Half-open.
     pub token_range: (u32, u32),
-    pub json: Option<PathBuf>,
     pub progress: bool,
     pub headers: HeaderMap,
 }
@@ -423,7 +422,6 @@ impl Config {
             temperature: args.temperature,
             seed: args.seed,
             token_range: token_range(&args.token_range)?,
-            json: args.json,
             progress: !args.no_progress,
             headers: headers(&args.headers, api_key.as_deref())?,
         })

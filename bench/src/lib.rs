@@ -59,6 +59,24 @@ use workload::Workload;
 /// report. Errors are for bad flags, an unreachable server, an undiscoverable
 /// model, or an unwritable `--json` file.
 pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
+    let json = args.json.clone();
+    let report = measure(args).await?;
+    println!("{}", report.render_table());
+    if let Some(path) = &json {
+        let write_err = |source| BenchError::WriteJson {
+            path: path.clone(),
+            source,
+        };
+        let json = serde_json::to_string_pretty(&report).map_err(|e| write_err(e.into()))?;
+        std::fs::write(path, json + "\n").map_err(write_err)?;
+    }
+    Ok(report)
+}
+
+/// Runs the benchmark and returns the report without printing or writing anything
+/// (the progress bar still follows `--no-progress`): for callers that drive load as
+/// part of something else, such as `ballast local --demo`.
+pub async fn measure(args: BenchArgs) -> Result<Report, BenchError> {
     let config = Config::from_args(args)?;
     let client = client::build_client(&config)?;
     // Probe before starting the clock: a typo in --url should be an error,
@@ -79,16 +97,5 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     let progress = Progress::start(config.progress, tally, stop);
     let records = runner::drive(config.load, stop, config.seed, shared).await;
     progress.finish();
-
-    let report = Report::build(&config, &model, &records);
-    println!("{}", report.render_table());
-    if let Some(path) = &config.json {
-        let write_err = |source| BenchError::WriteJson {
-            path: path.clone(),
-            source,
-        };
-        let json = serde_json::to_string_pretty(&report).map_err(|e| write_err(e.into()))?;
-        std::fs::write(path, json + "\n").map_err(write_err)?;
-    }
-    Ok(report)
+    Ok(Report::build(&config, &model, &records))
 }
