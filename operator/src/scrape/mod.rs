@@ -1,1 +1,280 @@
-//! Scraping replicas' /metrics.
+//! Scraping replicas' `/metrics` and turning them into [`signals`](crate::signals).
+//!
+//! Once per control period a runtime calls [`Scraper::scrape`] with the ready replicas,
+//! then feeds the outcomes to a long-lived [`Tracker`] ([`Tracker::observe_outcomes`]),
+//! which returns the [`FleetSignals`] the decision core reads:
+//!
+//! ```no_run
+//! # async fn period(scraper: &ballast_operator::scrape::Scraper,
+//! #                 tracker: &mut ballast_operator::scrape::Tracker) {
+//! use ballast_operator::scrape::Target;
+//! use ballast_operator::signals::Dialect;
+//! let targets = vec![Target::new("chat-0", "http://10.0.0.7:8000")];
+//! let outcomes = scraper.scrape(Dialect::Ballast, &targets).await;
+//! for o in &outcomes {
+//!     if let Err(e) = &o.result {
+//!         tracing::warn!(target = %o.target, reason = e.reason(), "scrape failed: {e}");
+//!     }
+//! }
+//! let fleet = tracker.observe_outcomes(std::time::Instant::now(), &outcomes, 0);
+//! # let _ = fleet;
+//! # }
+//! ```
+//!
+//! Pieces, one idea each: [`parser`] (text format → samples), [`dialect`] (samples →
+//! [`ReplicaSample`] for ballast, vLLM or SGLang names), [`aggregate`] (samples over time →
+//! rates and the fleet view), and here the concurrent HTTP side.
+
+pub mod aggregate;
+pub mod dialect;
+mod error;
+mod fetch;
+pub mod parser;
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
+pub use aggregate::{Tracker, histogram_quantile};
+pub use error::ScrapeError;
+pub use parser::Limits;
+
+use crate::signals::{Dialect, FleetSignals, ReplicaSample};
+
+/// One replica to scrape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Replica name (pod or local process name); the key across control periods.
+    pub name: String,
+    /// Scheme, host and port, e.g. `http://10.0.0.7:8000`; the metrics path is appended.
+    pub base_url: String,
+}
+
+impl Target {
+    /// A target named `name` at `base_url`.
+    pub fn new(name: impl Into<String>, base_url: impl Into<String>) -> Self {
+        Target {
+            name: name.into(),
+            base_url: base_url.into(),
+        }
+    }
+}
+
+/// How replicas are scraped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScrapeConfig {
+    /// Path of the exposition, e.g. `/metrics`.
+    pub path: String,
+    /// Limit for one replica's whole request: connect, headers and body.
+    pub timeout: Duration,
+    /// Largest body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Most scrapes in flight at once.
+    pub concurrency: usize,
+    /// Parser limits.
+    pub limits: Limits,
+}
+
+impl Default for ScrapeConfig {
+    /// The contract's defaults: `/metrics`, 2 s, 4 MiB; 16 scrapes in flight.
+    fn default() -> Self {
+        ScrapeConfig {
+            path: "/metrics".into(),
+            timeout: Duration::from_secs(2),
+            max_body_bytes: 4 * 1024 * 1024,
+            concurrency: 16,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl ScrapeConfig {
+    /// From an InferenceService's `spec.metrics`; out-of-range numbers (which the CRD
+    /// rejects anyway) are clamped to at least 1 s and 1 KiB.
+    pub fn from_spec(spec: &ballast_crds::MetricsSpec) -> Self {
+        ScrapeConfig {
+            path: spec.path.clone(),
+            timeout: Duration::from_secs(spec.scrape_timeout_seconds.max(1) as u64),
+            max_body_bytes: usize::try_from(spec.max_body_bytes.max(1024)).unwrap_or(usize::MAX),
+            ..ScrapeConfig::default()
+        }
+    }
+}
+
+/// The result of scraping one target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScrapeOutcome {
+    /// [`Target::name`].
+    pub target: String,
+    /// The replica's sample, or why there is none.
+    pub result: Result<ReplicaSample, ScrapeError>,
+    /// Wall time of the scrape, parsing included.
+    pub duration: Duration,
+    /// Rejected lines and ambiguous series in a body that was parsed (0 otherwise): a
+    /// usable sample may still come from a partly broken exposition.
+    pub parse_errors: usize,
+}
+
+/// Scrapes replicas concurrently with a bound, a per-target timeout and a body limit.
+/// Holds one HTTP client (connection pool) for its lifetime.
+#[derive(Debug, Clone)]
+pub struct Scraper {
+    client: reqwest::Client,
+    config: ScrapeConfig,
+}
+
+impl Scraper {
+    /// A scraper with its own HTTP client. Redirects are not followed and proxies from
+    /// the environment are ignored: replicas are scraped directly.
+    pub fn new(config: ScrapeConfig) -> Result<Self, reqwest::Error> {
+        // reqwest is built without a default rustls provider; installing one twice is a
+        // harmless error.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.timeout)
+            .timeout(config.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()?;
+        Ok(Scraper { client, config })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &ScrapeConfig {
+        &self.config
+    }
+
+    /// Scrapes every target, at most `concurrency` at a time, and returns one outcome per
+    /// target in the order given.
+    pub async fn scrape(&self, dialect: Dialect, targets: &[Target]) -> Vec<ScrapeOutcome> {
+        futures::stream::iter(targets.iter().map(|t| self.scrape_one(dialect, t)))
+            .buffered(self.config.concurrency.max(1))
+            .collect()
+            .await
+    }
+
+    /// Scrapes one target.
+    pub async fn scrape_one(&self, dialect: Dialect, target: &Target) -> ScrapeOutcome {
+        let start = Instant::now();
+        let url = join_url(&target.base_url, &self.config.path);
+        let fetched = tokio::time::timeout(
+            self.config.timeout,
+            fetch::fetch(
+                &self.client,
+                &url,
+                self.config.max_body_bytes,
+                self.config.timeout,
+            ),
+        )
+        .await
+        .unwrap_or(Err(ScrapeError::Timeout(self.config.timeout)));
+        let (result, parse_errors) = match fetched {
+            Ok(body) => self.interpret(dialect, body).await,
+            Err(e) => (Err(e), 0),
+        };
+        ScrapeOutcome {
+            target: target.name.clone(),
+            result,
+            duration: start.elapsed(),
+            parse_errors,
+        }
+    }
+
+    /// Parses and adapts a body off the async threads (a 4 MiB body takes milliseconds).
+    async fn interpret(
+        &self,
+        dialect: Dialect,
+        body: Vec<u8>,
+    ) -> (Result<ReplicaSample, ScrapeError>, usize) {
+        let limits = self.config.limits;
+        let work = tokio::task::spawn_blocking(move || {
+            // Invalid UTF-8 only spoils the lines it is in.
+            let text = String::from_utf8_lossy(&body);
+            let exposition = parser::parse_with(&text, &limits);
+            let sample = dialect::adapt(dialect, &exposition);
+            (sample, exposition.samples.len(), exposition.errors())
+        });
+        match work.await {
+            Ok((sample, _, errors)) if dialect::is_usable(&sample) => (Ok(sample), errors),
+            Ok((_, samples, errors)) => (Err(ScrapeError::Parse { samples, errors }), errors),
+            // The parser does not panic; should the task be lost anyway, it is no sample.
+            Err(_) => (
+                Err(ScrapeError::Parse {
+                    samples: 0,
+                    errors: 0,
+                }),
+                0,
+            ),
+        }
+    }
+}
+
+impl Tracker {
+    /// [`Tracker::observe`] over a period's scrape outcomes: every outcome counts as a
+    /// ready replica that was asked, the failed ones contribute no sample.
+    pub fn observe_outcomes(
+        &mut self,
+        at: Instant,
+        outcomes: &[ScrapeOutcome],
+        starting: usize,
+    ) -> FleetSignals {
+        self.observe(
+            at,
+            outcomes
+                .iter()
+                .map(|o| (o.target.as_str(), o.result.as_ref().ok())),
+            starting,
+        )
+    }
+}
+
+/// `base` + `path` with exactly one slash between them.
+fn join_url(base: &str, path: &str) -> String {
+    let base = base.trim_end_matches('/');
+    let path = path.trim_start_matches('/');
+    format!("{base}/{path}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_join_with_one_slash() {
+        assert_eq!(join_url("http://a:1", "/metrics"), "http://a:1/metrics");
+        assert_eq!(join_url("http://a:1/", "/metrics"), "http://a:1/metrics");
+        assert_eq!(join_url("http://a:1/", "metrics"), "http://a:1/metrics");
+    }
+
+    #[test]
+    fn reasons_are_stable() {
+        let all = [
+            ScrapeError::Timeout(Duration::from_secs(1)),
+            ScrapeError::Connect(String::new()),
+            ScrapeError::HttpStatus(500),
+            ScrapeError::TooLarge { limit: 1 },
+            ScrapeError::Parse {
+                samples: 0,
+                errors: 0,
+            },
+            ScrapeError::Body(String::new()),
+        ];
+        let reasons: Vec<_> = all.iter().map(ScrapeError::reason).collect();
+        assert_eq!(reasons, ScrapeError::REASONS);
+    }
+
+    #[test]
+    fn config_from_spec() {
+        let spec = ballast_crds::MetricsSpec {
+            path: "/m".into(),
+            scrape_interval_seconds: 5,
+            scrape_timeout_seconds: 3,
+            max_body_bytes: 2048,
+            min_reporting_fraction: 0.5,
+        };
+        let c = ScrapeConfig::from_spec(&spec);
+        assert_eq!(c.path, "/m");
+        assert_eq!(c.timeout, Duration::from_secs(3));
+        assert_eq!(c.max_body_bytes, 2048);
+    }
+}

@@ -1,0 +1,13 @@
+//! Compiles the engine control API's client from the engine's .proto (the operator talks to
+//! engines over the network only, so it shares the wire contract, not the engine crate).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "../engine/proto/ballast/control/v1/control.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let fds = protox::compile([proto], ["../engine/proto"])?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! Arbitrary bytes through the parser and every dialect adapter: no panic, and nothing
+//! out of range comes out.
+
+#![no_main]
+
+use ballast_operator::scrape::dialect::adapt;
+use ballast_operator::scrape::parser::{Limits, parse, parse_with};
+use ballast_operator::signals::Dialect;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    let small = Limits {
+        max_line_bytes: 256,
+        max_labels: 4,
+        max_samples: 16,
+    };
+    for exposition in [parse(&text), parse_with(&text, &small)] {
+        for s in &exposition.samples {
+            assert!(s.value.is_finite());
+            assert!(s.labels.windows(2).all(|w| w[0].0 < w[1].0));
+        }
+        for dialect in [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang] {
+            let s = adapt(dialect, &exposition);
+            if let Some(kv) = s.kv_usage {
+                assert!((0.0..=1.0).contains(&kv));
+            }
+            for count in [
+                s.running,
+                s.waiting_capacity,
+                s.waiting_deferred,
+                s.rejections_total,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                assert!(count >= 0.0);
+            }
+            assert!(
+                s.ttft_buckets
+                    .windows(2)
+                    .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1)
+            );
+            assert!(s.ttft_buckets.last().is_none_or(|b| b.0 == f64::INFINITY));
+            assert!(s.dp_tokens.iter().all(|t| *t >= 0.0));
+        }
+    }
+});

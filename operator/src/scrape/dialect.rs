@@ -1,0 +1,313 @@
+//! Dialect adapters: from a parsed exposition to a [`ReplicaSample`], for the series names
+//! and label sets each engine really exports.
+//!
+//! Combination rules (contract §3): counts of requests are **summed** over data-parallel
+//! ranks, KV usage is the **max** over ranks (never the mean), counters are summed over
+//! ranks and labels, histogram buckets are summed **by `le`**. A value that is negative, or
+//! a ratio outside [0, 1], makes its field `None` rather than a wrong number; a histogram
+//! whose series disagree on their bounds, lack `+Inf` or are not cumulative is left empty.
+//!
+//! # What the names are based on
+//!
+//! Checked against the engines' own sources and public expositions (via code search):
+//!
+//! - **vLLM (V1 engine)**, `vllm/v1/metrics/loggers.py`: every series carries
+//!   `model_name` and `engine` (the engine-core index, one per DP rank behind one API
+//!   server). `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+//!   `vllm:kv_cache_usage_perc` ("1 means 100 percent usage", so a fraction despite the
+//!   name; it replaced `vllm:gpu_cache_usage_perc`, deprecated in 0.9 and used here as a
+//!   fallback), `vllm:time_to_first_token_seconds` (histogram) and
+//!   `vllm:iteration_tokens_total` (histogram of tokens per engine step: its `_sum` per
+//!   `engine` is the tokens that rank scheduled). Newer releases add
+//!   `vllm:num_requests_waiting_by_reason{reason="capacity"|"deferred"}` and, from vLLM
+//!   PR #55812, `vllm:admission_rejections_total{reason}`; both are used when present.
+//!   prometheus_client renders labels sorted, values as `12.0`, and `_created` samples
+//!   next to counters and histograms (ignored here).
+//! - **SGLang**, `python/sglang/srt/metrics/collector.py` and the scheduler's metrics
+//!   mixin: scheduler gauges `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
+//!   `sglang:token_usage` (0..1) carry `model_name`, `engine_type`, `tp_rank`, `pp_rank`
+//!   and, with DP attention, `dp_rank` (newer versions add `moe_ep_rank`); one series per
+//!   DP rank. `sglang:time_to_first_token_seconds` comes from the tokenizer manager
+//!   (labelled by `model_name`). `sglang:realtime_tokens_total{mode}` counts tokens per
+//!   scheduler (`prefill_compute`, `prefill_cache`, `decode`); computed tokens per rank are
+//!   `prefill_compute + decode`. SGLang has no per-request HTTP 429 counter, so
+//!   `rejections_total` stays `None`.
+//! - **`sglang:dp_attention_*`**: no such family was found in SGLang's collector source.
+//!   The only trace is a pull-request description naming a histogram
+//!   `sglang:dp_attention_token_imbalance_ratio` (max tokens × ranks / sum, like ours);
+//!   its `_sum`/`_count` are read when present, and nothing else of that family is
+//!   assumed. The verified `sglang:dp_cooperation_*` counters are labelled by the number
+//!   of prefill ranks, not per rank, so they give no balance signal.
+//!
+//! Several scheduler processes of one SGLang DP rank (attention-TP or PP ranks with
+//! metrics enabled on all schedulers) describe the same requests, so SGLang series are
+//! first folded **by `dp_rank`** with a max, then combined across ranks.
+
+use std::collections::BTreeMap;
+
+use super::parser::{Exposition, Sample};
+use crate::signals::{Dialect, ReplicaSample};
+
+/// Highest DP rank index accepted in a label; a larger one is treated as garbage rather
+/// than allocating a vector that long.
+const MAX_RANKS: usize = 4096;
+
+/// Turns one parsed exposition into a dialect-independent sample.
+pub fn adapt(dialect: Dialect, exp: &Exposition) -> ReplicaSample {
+    match dialect {
+        Dialect::Ballast => ballast(exp),
+        Dialect::Vllm => vllm(exp),
+        Dialect::Sglang => sglang(exp),
+    }
+}
+
+/// Whether a sample carries anything at all: an exposition that yields nothing of its
+/// dialect (garbage, the wrong engine, an empty body) is not a usable scrape.
+pub fn is_usable(s: &ReplicaSample) -> bool {
+    s.running.is_some()
+        || s.waiting_capacity.is_some()
+        || s.waiting_deferred.is_some()
+        || s.kv_usage.is_some()
+        || s.rejections_total.is_some()
+        || !s.ttft_buckets.is_empty()
+        || !s.dp_tokens.is_empty()
+        || s.dp_imbalance.is_some()
+}
+
+fn ballast(exp: &Exposition) -> ReplicaSample {
+    let waiting = |reason: &'static str| {
+        sum_counts(
+            exp.named("ballast_num_requests_waiting_by_reason")
+                .filter(move |s| s.label("reason") == Some(reason)),
+        )
+    };
+    ReplicaSample {
+        running: sum_counts(exp.named("ballast_num_requests_running")),
+        waiting_capacity: waiting("capacity"),
+        waiting_deferred: waiting("deferred"),
+        kv_usage: max_ratio(exp.named("ballast_kv_cache_usage_ratio")),
+        rejections_total: sum_counts(exp.named("ballast_admission_rejections_total")),
+        ttft_buckets: buckets(exp.named("ballast_time_to_first_token_seconds_bucket")),
+        dp_tokens: per_rank(
+            exp.named("ballast_dp_tokens_total")
+                .filter(|s| s.label("kind") == Some("scheduled")),
+            "engine",
+        ),
+        dp_imbalance: pair(
+            sum_counts(exp.named("ballast_dp_token_imbalance_ratio_sum")),
+            sum_counts(exp.named("ballast_dp_token_imbalance_ratio_count")),
+        ),
+    }
+}
+
+fn vllm(exp: &Exposition) -> ReplicaSample {
+    const BY_REASON: &str = "vllm:num_requests_waiting_by_reason";
+    let (waiting_capacity, waiting_deferred) = if exp.has(BY_REASON) {
+        let waiting = |reason: &'static str| {
+            sum_counts(
+                exp.named(BY_REASON)
+                    .filter(move |s| s.label("reason") == Some(reason)),
+            )
+        };
+        (waiting("capacity"), waiting("deferred"))
+    } else {
+        // Older vLLM cannot tell deferred from capacity: all waiting counts as capacity.
+        (sum_counts(exp.named("vllm:num_requests_waiting")), None)
+    };
+    let kv_usage = if exp.has("vllm:kv_cache_usage_perc") {
+        max_ratio(exp.named("vllm:kv_cache_usage_perc"))
+    } else {
+        max_ratio(exp.named("vllm:gpu_cache_usage_perc"))
+    };
+    ReplicaSample {
+        running: sum_counts(exp.named("vllm:num_requests_running")),
+        waiting_capacity,
+        waiting_deferred,
+        kv_usage,
+        rejections_total: sum_counts(exp.named("vllm:admission_rejections_total")),
+        ttft_buckets: buckets(exp.named("vllm:time_to_first_token_seconds_bucket")),
+        dp_tokens: per_rank(exp.named("vllm:iteration_tokens_total_sum"), "engine"),
+        dp_imbalance: None,
+    }
+}
+
+fn sglang(exp: &Exposition) -> ReplicaSample {
+    let by_rank = |name: &'static str| fold_by_rank(exp.named(name), &[]);
+    let counts = |name| by_rank(name).map(|r| r.values().sum::<f64>());
+    let computed: Option<BTreeMap<Option<usize>, f64>> = fold_by_rank(
+        exp.named("sglang:realtime_tokens_total")
+            .filter(|s| matches!(s.label("mode"), Some("prefill_compute" | "decode"))),
+        &["mode"],
+    );
+    ReplicaSample {
+        running: counts("sglang:num_running_reqs"),
+        waiting_capacity: counts("sglang:num_queue_reqs"),
+        waiting_deferred: None,
+        kv_usage: by_rank("sglang:token_usage").and_then(|r| {
+            let max = r.values().fold(0.0_f64, |m, v| m.max(*v));
+            (max <= 1.0).then_some(max)
+        }),
+        rejections_total: None,
+        ttft_buckets: buckets(exp.named("sglang:time_to_first_token_seconds_bucket")),
+        dp_tokens: computed.map(dense_ranks).unwrap_or_default(),
+        dp_imbalance: pair(
+            counts("sglang:dp_attention_token_imbalance_ratio_sum"),
+            counts("sglang:dp_attention_token_imbalance_ratio_count"),
+        ),
+    }
+}
+
+/// Σ of values that must be counts: `None` when there are none, or when any is negative.
+fn sum_counts<'a>(samples: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+    let mut sum = None;
+    for s in samples {
+        if s.value < 0.0 {
+            return None;
+        }
+        sum = Some(sum.unwrap_or(0.0) + s.value);
+    }
+    sum
+}
+
+/// Max of values that must be ratios in [0, 1]: `None` when there are none, or when any
+/// is out of range (a wrong unit or a broken exporter; a number we would misread).
+fn max_ratio<'a>(samples: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+    let mut max = None;
+    for s in samples {
+        if !(0.0..=1.0).contains(&s.value) {
+            return None;
+        }
+        max = Some(max.map_or(s.value, |m: f64| m.max(s.value)));
+    }
+    max
+}
+
+fn pair(a: Option<f64>, b: Option<f64>) -> Option<(f64, f64)> {
+    Some((a?, b?))
+}
+
+/// Parses a rank label ("0".."N-1").
+fn rank_of(s: &Sample, label: &str) -> Option<usize> {
+    let v = s.label(label)?;
+    // Only plain decimal digits: "+1" or " 1" are not rank names an engine writes.
+    if v.is_empty() || v.len() > 6 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok().filter(|r| *r < MAX_RANKS)
+}
+
+/// Per-rank sums (by the `label` rank label), as a vector indexed by rank. Empty when
+/// there are none, when a value is negative or a rank label is missing or not a number,
+/// or when the ranks are not exactly 0..N (a gap would give a rank a false share of 0).
+fn per_rank<'a>(samples: impl Iterator<Item = &'a Sample>, label: &str) -> Vec<f64> {
+    let mut ranks: BTreeMap<Option<usize>, f64> = BTreeMap::new();
+    for s in samples {
+        let Some(r) = rank_of(s, label) else {
+            return Vec::new();
+        };
+        if s.value < 0.0 {
+            return Vec::new();
+        }
+        *ranks.entry(Some(r)).or_insert(0.0) += s.value;
+    }
+    dense_ranks(ranks)
+}
+
+/// Rank-keyed values as a vector indexed by rank; a single unranked group is rank 0.
+/// Empty unless the keys are exactly 0..N or a lone `None`.
+fn dense_ranks(ranks: BTreeMap<Option<usize>, f64>) -> Vec<f64> {
+    if let Some(v) = ranks.get(&None) {
+        return if ranks.len() == 1 {
+            vec![*v]
+        } else {
+            Vec::new()
+        };
+    }
+    let dense = ranks.keys().enumerate().all(|(i, k)| *k == Some(i));
+    if dense {
+        ranks.into_values().collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// SGLang folding: series are grouped by `dp_rank` (absent = one group) and by the extra
+/// `keys` labels; within such a group the max is taken (mirrored schedulers of one rank
+/// report the same numbers), then the `keys` groups are summed per rank. `None` when there
+/// are no samples, a value is negative, or a `dp_rank` is not a number.
+fn fold_by_rank<'a>(
+    samples: impl Iterator<Item = &'a Sample>,
+    keys: &[&str],
+) -> Option<BTreeMap<Option<usize>, f64>> {
+    let mut groups: BTreeMap<(Option<usize>, Vec<&'a str>), f64> = BTreeMap::new();
+    for s in samples {
+        if s.value < 0.0 {
+            return None;
+        }
+        let rank = match s.label("dp_rank") {
+            None => None,
+            Some(_) => Some(rank_of(s, "dp_rank")?),
+        };
+        let key: Vec<&str> = keys.iter().map(|k| s.label(k).unwrap_or("")).collect();
+        let slot = groups.entry((rank, key)).or_insert(0.0);
+        *slot = slot.max(s.value);
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    let mut ranks = BTreeMap::new();
+    for ((rank, _), v) in groups {
+        *ranks.entry(rank).or_insert(0.0) += v;
+    }
+    Some(ranks)
+}
+
+/// A histogram's buckets per series, keyed by the series' labels other than `le`.
+type BySeries<'a> = BTreeMap<Vec<(&'a str, &'a str)>, Vec<(f64, f64)>>;
+
+/// Histogram buckets summed by `le` over every series of the family (one per rank).
+/// Empty when absent or unusable: an `le` that is not a number, series with different
+/// bounds, no `+Inf` bucket, a negative count or counts that decrease with `le`.
+fn buckets<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<(f64, f64)> {
+    let mut series: BySeries<'a> = BTreeMap::new();
+    for s in samples {
+        let Some(le) = s.label("le").and_then(|v| v.parse::<f64>().ok()) else {
+            return Vec::new();
+        };
+        if le.is_nan() || s.value < 0.0 {
+            return Vec::new();
+        }
+        let key = s
+            .labels
+            .iter()
+            .filter(|(k, _)| k != "le")
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        series.entry(key).or_default().push((le, s.value));
+    }
+    let mut total: Option<Vec<(f64, f64)>> = None;
+    for (_, mut b) in series {
+        b.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let valid = b.last().is_some_and(|l| l.0 == f64::INFINITY)
+            && b.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1);
+        if !valid {
+            return Vec::new();
+        }
+        match &mut total {
+            None => total = Some(b),
+            Some(t) => {
+                if t.len() != b.len() || t.iter().zip(&b).any(|(x, y)| x.0 != y.0) {
+                    return Vec::new();
+                }
+                for (x, y) in t.iter_mut().zip(&b) {
+                    x.1 += y.1;
+                }
+            }
+        }
+    }
+    total.unwrap_or_default()
+}
+
+#[cfg(test)]
+#[path = "dialect_tests.rs"]
+mod tests;

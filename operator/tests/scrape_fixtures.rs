@@ -1,0 +1,174 @@
+//! Whole expositions in each dialect give exactly the expected sample.
+//!
+//! `ballast_dp2_*.prom` were saved from a real `ballast engine --data-parallel-size 2`
+//! (idle after six requests; and under load with `--max-num-seqs 1 --max-queued-requests 4
+//! --max-running-per-tenant 1` while twelve requests from three tenants raced, six of them
+//! refused with 429). The vLLM and SGLang files are hand-written in the format
+//! prometheus_client renders for them (sorted labels, `12.0`, `_created` samples), with
+//! the series names and label sets of their sources (see `scrape::dialect`).
+
+use ballast_operator::scrape::dialect::adapt;
+use ballast_operator::scrape::parser::{MetricType, parse};
+use ballast_operator::signals::{Dialect, ReplicaSample};
+
+const INF: f64 = f64::INFINITY;
+
+fn sample(dialect: Dialect, file: &str) -> ReplicaSample {
+    let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    let exposition = parse(&text);
+    assert_eq!(exposition.errors(), 0, "{file} has malformed lines");
+    assert!(!exposition.truncated, "{file}");
+    adapt(dialect, &exposition)
+}
+
+/// Pairs bounds with cumulative counts.
+fn buckets(bounds: &[f64], counts: &[f64]) -> Vec<(f64, f64)> {
+    assert_eq!(bounds.len(), counts.len());
+    bounds.iter().copied().zip(counts.iter().copied()).collect()
+}
+
+const TTFT_BOUNDS: [f64; 23] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, INF,
+];
+
+#[test]
+fn ballast_engine_under_load() {
+    let mut counts = vec![0.0, 0.0, 1.0, 2.0, 2.0, 2.0];
+    counts.extend([3.0; 17]);
+    assert_eq!(
+        sample(Dialect::Ballast, "ballast_dp2_loaded.prom"),
+        ReplicaSample {
+            running: Some(2.0),
+            waiting_capacity: Some(1.0),
+            waiting_deferred: Some(2.0),
+            kv_usage: Some(0.00115966796875),
+            rejections_total: Some(6.0),
+            ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
+            dp_tokens: vec![632.0, 602.0],
+            dp_imbalance: Some((608.8021505376344, 590.0)),
+        }
+    );
+}
+
+#[test]
+fn ballast_engine_idle() {
+    let mut counts = vec![4.0];
+    counts.extend([6.0; 22]);
+    assert_eq!(
+        sample(Dialect::Ballast, "ballast_dp2_idle.prom"),
+        ReplicaSample {
+            running: Some(0.0),
+            waiting_capacity: Some(0.0),
+            waiting_deferred: Some(0.0),
+            kv_usage: Some(0.0),
+            rejections_total: Some(0.0),
+            ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
+            dp_tokens: vec![43.0, 43.0],
+            dp_imbalance: Some((96.0, 48.0)),
+        }
+    );
+}
+
+#[test]
+fn vllm_v1_two_engines() {
+    // Per engine: 0,0,3,11,40,88,130,161,240,271,280,284,290,291… and
+    // 0,1,5,20,52,97,140,170,230,262,270,273,275,276…, summed by le.
+    let mut counts = vec![
+        0.0, 1.0, 8.0, 31.0, 92.0, 185.0, 270.0, 331.0, 470.0, 533.0, 550.0, 557.0, 565.0,
+    ];
+    counts.extend([567.0; 10]);
+    assert_eq!(
+        sample(Dialect::Vllm, "vllm_v1_dp2.prom"),
+        ReplicaSample {
+            running: Some(19.0),
+            waiting_capacity: Some(5.0),
+            waiting_deferred: Some(1.0),
+            kv_usage: Some(0.8125),
+            rejections_total: Some(39.0),
+            ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
+            dp_tokens: vec![412338.0, 398112.0],
+            dp_imbalance: None,
+        }
+    );
+}
+
+#[test]
+fn vllm_v0_single_engine() {
+    let bounds = [
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        INF,
+    ];
+    let counts = [
+        0.0, 0.0, 0.0, 2.0, 19.0, 41.0, 60.0, 77.0, 101.0, 110.0, 112.0, 113.0, 113.0, 113.0,
+        113.0, 113.0, 113.0,
+    ];
+    assert_eq!(
+        sample(Dialect::Vllm, "vllm_v0_single.prom"),
+        ReplicaSample {
+            running: Some(9.0),
+            waiting_capacity: Some(3.0),
+            waiting_deferred: None,
+            kv_usage: Some(0.6631181667080153),
+            rejections_total: None,
+            ttft_buckets: buckets(&bounds, &counts),
+            dp_tokens: vec![],
+            dp_imbalance: None,
+        }
+    );
+}
+
+#[test]
+fn sglang_dp_attention_four_ranks() {
+    let bounds = [
+        0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+        200.0, 400.0, INF,
+    ];
+    let mut counts = vec![
+        812.0, 2950.0, 5230.0, 6011.0, 6420.0, 6602.0, 6871.0, 6903.0, 6910.0, 6912.0,
+    ];
+    counts.extend([6913.0; 9]);
+    assert_eq!(
+        sample(Dialect::Sglang, "sglang_dp4.prom"),
+        ReplicaSample {
+            running: Some(96.0),
+            waiting_capacity: Some(12.0),
+            waiting_deferred: None,
+            kv_usage: Some(0.93),
+            rejections_total: None,
+            ttft_buckets: buckets(&bounds, &counts),
+            // prefill_compute + decode per dp_rank; prefill_cache is not computed work.
+            dp_tokens: vec![2108843.0, 2086932.0, 2432099.0, 430652.0],
+            dp_imbalance: None,
+        }
+    );
+}
+
+#[test]
+fn families_carry_their_declared_types() {
+    let text = std::fs::read_to_string(format!(
+        "{}/tests/fixtures/vllm_v1_dp2.prom",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let e = parse(&text);
+    assert_eq!(
+        e.types.get("vllm:time_to_first_token_seconds"),
+        Some(&MetricType::Histogram)
+    );
+    assert_eq!(
+        e.types.get("vllm:num_requests_running"),
+        Some(&MetricType::Gauge)
+    );
+    assert_eq!(
+        e.types.get("vllm:prompt_tokens_total"),
+        Some(&MetricType::Counter)
+    );
+}
+
+#[test]
+fn a_fixture_read_in_the_wrong_dialect_yields_nothing() {
+    let s = sample(Dialect::Sglang, "vllm_v1_dp2.prom");
+    assert_eq!(s, ReplicaSample::default());
+}

@@ -1,0 +1,265 @@
+//! The scraper against small HTTP servers on loopback: each failure has its reason, the
+//! body limit holds while streaming, and the concurrency bound is respected.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use axum::routing::get;
+use ballast_operator::scrape::{ScrapeConfig, ScrapeError, Scraper, Target, Tracker};
+use ballast_operator::signals::Dialect;
+
+const BODY: &str = include_str!("fixtures/ballast_dp2_loaded.prom");
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+fn scraper(timeout_ms: u64, max_body_bytes: usize, concurrency: usize) -> Scraper {
+    Scraper::new(ScrapeConfig {
+        timeout: Duration::from_millis(timeout_ms),
+        max_body_bytes,
+        concurrency,
+        ..ScrapeConfig::default()
+    })
+    .unwrap()
+}
+
+async fn one(
+    scraper: &Scraper,
+    base: &str,
+) -> Result<ballast_operator::signals::ReplicaSample, ScrapeError> {
+    scraper
+        .scrape_one(Dialect::Ballast, &Target::new("r", base))
+        .await
+        .result
+}
+
+#[tokio::test]
+async fn a_good_replica_gives_its_sample() {
+    let base = serve(Router::new().route("/metrics", get(|| async { BODY }))).await;
+    let s = one(&scraper(2000, BODY.len(), 4), &base).await.unwrap();
+    assert_eq!(s.running, Some(2.0));
+    assert_eq!(s.rejections_total, Some(6.0));
+    // One byte less than the body is too large, refused from Content-Length.
+    let e = one(&scraper(2000, BODY.len() - 1, 4), &base)
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "too_large");
+}
+
+#[tokio::test]
+async fn a_slow_replica_times_out() {
+    let base = serve(
+        Router::new()
+            .route(
+                "/metrics",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    BODY
+                }),
+            )
+            .route(
+                "/trickle",
+                get(|| async {
+                    // Headers at once, then one line every 200 ms.
+                    let lines = futures::stream::unfold(0u64, |i| async move {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        let line = format!("ballast_num_requests_running{{engine=\"{i}\"}} 1\n");
+                        Some((Ok::<_, Infallible>(Bytes::from(line)), i + 1))
+                    });
+                    Body::from_stream(lines)
+                }),
+            ),
+    )
+    .await;
+    // Slow headers.
+    let start = Instant::now();
+    let e = one(&scraper(300, 1 << 20, 4), &base).await.unwrap_err();
+    assert_eq!(e, ScrapeError::Timeout(Duration::from_millis(300)));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    // A body that keeps coming slowly: the limit is on the whole scrape, not per read.
+    let trickle = Scraper::new(ScrapeConfig {
+        path: "/trickle".into(),
+        timeout: Duration::from_millis(700),
+        ..ScrapeConfig::default()
+    })
+    .unwrap();
+    let start = Instant::now();
+    let e = one(&trickle, &base).await.unwrap_err();
+    assert_eq!(e, ScrapeError::Timeout(Duration::from_millis(700)));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn an_endless_body_is_cut_at_the_limit() {
+    const CHUNK: usize = 64 * 1024;
+    const LIMIT: usize = 256 * 1024;
+    let produced = Arc::new(AtomicUsize::new(0));
+    let counter = produced.clone();
+    let base = serve(Router::new().route(
+        "/metrics",
+        get(move || {
+            let counter = counter.clone();
+            async move {
+                // Up to 1 GiB of comment lines, without Content-Length, made on demand.
+                let chunks = futures::stream::unfold(0usize, move |n| {
+                    let counter = counter.clone();
+                    async move {
+                        if n * CHUNK >= 1 << 30 {
+                            return None;
+                        }
+                        counter.fetch_add(CHUNK, Ordering::SeqCst);
+                        let mut chunk = vec![b'#'; CHUNK];
+                        chunk[CHUNK - 1] = b'\n';
+                        Some((Ok::<_, Infallible>(Bytes::from(chunk)), n + 1))
+                    }
+                });
+                Body::from_stream(chunks)
+            }
+        }),
+    ))
+    .await;
+    let e = one(&scraper(5000, LIMIT, 4), &base).await.unwrap_err();
+    assert_eq!(e, ScrapeError::TooLarge { limit: LIMIT });
+    // Give the server a moment to notice the closed connection, then check it stopped
+    // far short of the gigabyte: only socket buffers' worth was ever sent.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = produced.load(Ordering::SeqCst);
+    assert!(sent < 64 << 20, "server produced {sent} bytes");
+}
+
+#[tokio::test]
+async fn an_error_status_is_http_status() {
+    let base = serve(Router::new().route(
+        "/metrics",
+        get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, BODY) }),
+    ))
+    .await;
+    let e = one(&scraper(2000, 1 << 20, 4), &base).await.unwrap_err();
+    assert_eq!(e, ScrapeError::HttpStatus(500));
+    assert_eq!(e.reason(), "http_status");
+    // Redirects are not followed: a replica's metrics are where it is.
+    let base = serve(Router::new().route(
+        "/metrics",
+        get(|| async {
+            (
+                StatusCode::FOUND,
+                [("location", "http://example.invalid/")],
+                "",
+            )
+        }),
+    ))
+    .await;
+    let e = one(&scraper(2000, 1 << 20, 4), &base).await.unwrap_err();
+    assert_eq!(e, ScrapeError::HttpStatus(302));
+}
+
+#[tokio::test]
+async fn garbage_is_a_parse_error() {
+    let base = serve(
+        Router::new()
+            .route(
+                "/metrics",
+                get(|| async { "<html>hello</html>\nNaN NaN\n" }),
+            )
+            .route(
+                "/other",
+                get(|| async { "vllm:num_requests_running{engine=\"0\"} 3\n" }),
+            ),
+    )
+    .await;
+    let s = scraper(2000, 1 << 20, 4);
+    let e = one(&s, &base).await.unwrap_err();
+    assert_eq!(
+        e,
+        ScrapeError::Parse {
+            samples: 0,
+            errors: 2
+        }
+    );
+    assert_eq!(e.reason(), "parse");
+    // Valid text in another engine's dialect has no usable sample either.
+    let e = Scraper::new(ScrapeConfig {
+        path: "/other".into(),
+        ..ScrapeConfig::default()
+    })
+    .unwrap()
+    .scrape_one(Dialect::Ballast, &Target::new("r", base))
+    .await
+    .result
+    .unwrap_err();
+    assert_eq!(
+        e,
+        ScrapeError::Parse {
+            samples: 1,
+            errors: 0
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_closed_port_is_connect() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let e = one(&scraper(2000, 1 << 20, 4), &format!("http://{addr}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "connect", "{e}");
+}
+
+#[tokio::test]
+async fn concurrency_bound_is_respected() {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (f, p) = (in_flight.clone(), peak.clone());
+    let base = serve(Router::new().route(
+        "/metrics",
+        get(move || {
+            let (f, p) = (f.clone(), p.clone());
+            async move {
+                let now = f.fetch_add(1, Ordering::SeqCst) + 1;
+                p.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                f.fetch_sub(1, Ordering::SeqCst);
+                BODY
+            }
+        }),
+    ))
+    .await;
+    let targets: Vec<Target> = (0..12)
+        .map(|i| Target::new(format!("r{i}"), base.clone()))
+        .collect();
+    let start = Instant::now();
+    let outcomes = scraper(5000, 1 << 20, 3)
+        .scrape(Dialect::Ballast, &targets)
+        .await;
+    let elapsed = start.elapsed();
+    assert_eq!(peak.load(Ordering::SeqCst), 3);
+    // 12 scrapes of 100 ms, at most 3 at a time, take at least 400 ms (not 100 ms); the
+    // peak of 3 shows they did overlap (not 1.2 s one by one).
+    assert!(elapsed >= Duration::from_millis(390), "{elapsed:?}");
+    // Outcomes come back in target order, and feed the tracker.
+    let names: Vec<_> = outcomes.iter().map(|o| o.target.clone()).collect();
+    let expected: Vec<_> = targets.iter().map(|t| t.name.clone()).collect();
+    assert_eq!(names, expected);
+    let fleet = Tracker::new().observe_outcomes(Instant::now(), &outcomes, 0);
+    assert_eq!(fleet.reporting(), 12);
+    assert_eq!(fleet.capacity_waiting, Some(12.0));
+}
