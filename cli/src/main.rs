@@ -19,6 +19,9 @@ enum Command {
     Engine(ballast_engine::EngineArgs),
     /// Load-test any OpenAI-compatible server.
     Bench(ballast_bench::BenchArgs),
+    /// Run InferenceServices on this machine: engine processes on loopback, a router,
+    /// and the control loop that scales and rebalances them.
+    Local(ballast_operator::local::LocalArgs),
     /// Print the InferenceService CRD (YAML) generated from the Rust types.
     Crd,
 }
@@ -29,10 +32,14 @@ fn main() -> ExitCode {
         print!("{}", ballast_crds::crd_yaml());
         return ExitCode::SUCCESS;
     }
+    // The live view of `ballast local` redraws the terminal; info logs would scroll it
+    // away, so there the default level is warn (BALLAST_LOG overrides).
+    let live_view = matches!(cli.command, Command::Local(_)) && std::io::stdout().is_terminal();
+    let default_level = if live_view { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BALLAST_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -57,6 +64,13 @@ fn main() -> ExitCode {
                 }
             },
             Command::Crd => unreachable!("handled before the runtime starts"),
+            Command::Local(args) => match ballast_operator::local::run(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    e.exit_code()
+                }
+            },
             Command::Bench(args) => match ballast_bench::run(args).await {
                 Ok(_) => 0,
                 Err(e) => {

@@ -46,6 +46,16 @@ fn every_bench_flag_is_documented() {
 }
 
 #[test]
+fn every_local_flag_is_documented() {
+    let docs = doc("local.md");
+    let missing: Vec<_> = flags("local")
+        .into_iter()
+        .filter(|f| !docs.contains(f.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "docs/local.md lacks {missing:?}");
+}
+
+#[test]
 fn ballast_crd_prints_the_committed_crd() {
     let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
         .arg("crd")

@@ -2,8 +2,11 @@
 //!
 //! `scrape` turns replicas' Prometheus expositions (in the ballast, vLLM or SGLang
 //! dialect) into [`signals`]; `decide` is a pure function from (spec, signals, history,
-//! now) to a decision with its explanation; the runtimes act on decisions.
+//! now) to a decision with its explanation; the runtimes act on decisions: [`local`] runs
+//! the whole loop on one machine with engine processes on loopback.
 
+pub mod control;
 pub mod decide;
+pub mod local;
 pub mod scrape;
 pub mod signals;

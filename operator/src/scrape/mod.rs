@@ -147,7 +147,16 @@ impl Scraper {
     /// Scrapes every target, at most `concurrency` at a time, and returns one outcome per
     /// target in the order given.
     pub async fn scrape(&self, dialect: Dialect, targets: &[Target]) -> Vec<ScrapeOutcome> {
-        futures::stream::iter(targets.iter().map(|t| self.scrape_one(dialect, t)))
+        // Boxed so the returned future is `Send` for any lifetime: a stream over borrowed
+        // iterators otherwise trips the compiler's higher-ranked `Send` check when a
+        // runtime spawns a task that calls this.
+        type Pending<'a> =
+            std::pin::Pin<Box<dyn std::future::Future<Output = ScrapeOutcome> + Send + 'a>>;
+        let pending: Vec<Pending<'_>> = targets
+            .iter()
+            .map(|t| Box::pin(self.scrape_one(dialect, t)) as Pending<'_>)
+            .collect();
+        futures::stream::iter(pending)
             .buffered(self.config.concurrency.max(1))
             .collect()
             .await

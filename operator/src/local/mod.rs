@@ -1,0 +1,267 @@
+//! `ballast local FILE.yaml`: the whole control loop on one machine, with no cluster.
+//!
+//! Each InferenceService becomes a set of `ballast engine` child processes on loopback;
+//! a small OpenAI-compatible router fronts them on `--port`; every scrape interval the
+//! replicas are scraped, the shared decision core decides, and the runtime acts: start
+//! processes to scale up, drain then stop them to scale down, take hot replicas out of the
+//! router's rotation and shift DP weights over the control API to rebalance.
+//! `--admin-port` serves the operator's own `/metrics` and `GET /status`.
+
+pub mod admin;
+mod demo;
+pub mod replica;
+pub mod router;
+mod service;
+mod view;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use ballast_crds::{EngineKind, InferenceService};
+use clap::Args;
+
+use service::{Service, Shared};
+
+/// Flags of `ballast local`.
+#[derive(Debug, Clone, Args)]
+pub struct LocalArgs {
+    /// InferenceService YAML: one or more `---`-separated documents, the same a cluster takes.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// Port of the OpenAI-compatible router in front of the replicas in rotation (the
+    /// `model` field picks the service).
+    #[arg(
+        long,
+        env = "BALLAST_LOCAL_PORT",
+        value_name = "PORT",
+        default_value_t = 8080
+    )]
+    pub port: u16,
+
+    /// Port of the operator's own `/metrics` and `GET /status`.
+    #[arg(
+        long,
+        env = "BALLAST_ADMIN_PORT",
+        value_name = "PORT",
+        default_value_t = 9090
+    )]
+    pub admin_port: u16,
+
+    /// Also drive a built-in load ramp (rise, hold, fall) through the router.
+    #[arg(long)]
+    pub demo: bool,
+
+    /// Stop (draining everything) after this many seconds [default: run until Ctrl-C].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+
+    /// Print decisions as plain blocks instead of redrawing the live view, or nothing with
+    /// `--view none`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub view: ViewMode,
+
+    /// Engine binary for the replicas [default: this binary].
+    #[arg(long, env = "BALLAST_ENGINE_BIN", value_name = "PATH")]
+    pub engine_bin: Option<PathBuf>,
+
+    /// Directory for the replicas' logs [default: a new directory under the temp dir].
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+}
+
+/// How decisions are shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ViewMode {
+    /// Redraw on a terminal, plain blocks otherwise.
+    Auto,
+    /// Nothing (decisions still go to the structured log on stderr).
+    None,
+}
+
+/// Why `ballast local` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// The file or a resource in it is not usable (exit code 2).
+    #[error("{0}")]
+    Spec(String),
+    /// A port or process could not be set up (exit code 1).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl LocalError {
+    /// Process exit code (2 bad input, 1 runtime failure).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LocalError::Spec(_) => 2,
+            LocalError::Io(_) => 1,
+        }
+    }
+}
+
+/// Reads and validates the resources of `file`.
+pub fn load(file: &std::path::Path) -> Result<Vec<InferenceService>, LocalError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| LocalError::Spec(format!("cannot read {}: {e}", file.display())))?;
+    let services = ballast_crds::parse_yaml(&text)
+        .map_err(|e| LocalError::Spec(format!("{}: {e}", file.display())))?;
+    if services.is_empty() {
+        return Err(LocalError::Spec(format!(
+            "{}: no InferenceService in the file",
+            file.display()
+        )));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for s in &services {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        if name.is_empty() {
+            return Err(LocalError::Spec(
+                "an InferenceService has no metadata.name".into(),
+            ));
+        }
+        if !names.insert(name.clone()) {
+            return Err(LocalError::Spec(format!(
+                "two InferenceServices are named {name}"
+            )));
+        }
+        s.spec
+            .validate()
+            .map_err(|errs| LocalError::Spec(format!("{name}: {}", errs.join("; "))))?;
+        if s.spec.engine.kind != EngineKind::Ballast {
+            return Err(LocalError::Spec(format!(
+                "{name}: the local runtime starts ballast engines only (engine.kind {:?}); vLLM and SGLang fleets run on Kubernetes",
+                s.spec.engine.kind
+            )));
+        }
+    }
+    Ok(services)
+}
+
+/// Runs `ballast local` until Ctrl-C, SIGTERM or `--duration`.
+pub async fn run(args: LocalArgs) -> Result<(), LocalError> {
+    let services = load(&args.file)?;
+    let engine_bin = match &args.engine_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?,
+    };
+    let log_dir = match &args.log_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("ballast-local-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&log_dir)?;
+    let bind = |port: u16, what: &str| {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let what = what.to_string();
+        async move {
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                std::io::Error::new(e.kind(), format!("cannot listen on {addr} ({what}): {e}"))
+            })
+        }
+    };
+    let router_listener = bind(args.port, "--port").await?;
+    let admin_listener = bind(args.admin_port, "--admin-port").await?;
+    let router_addr = router_listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
+    let routes = Arc::new(router::RouteTable::default());
+    let metrics = Arc::new(admin::OperatorMetrics::new());
+    let status: admin::StatusMap = Arc::default();
+    let header = format!(
+        "ballast local: router http://{router_addr}  admin http://{admin_addr}/status  logs {}",
+        log_dir.display()
+    );
+    // Printed (not logged) so scripts and tests can read the ports.
+    println!("ballast local router listening on http://{router_addr}");
+    println!("ballast local admin listening on http://{admin_addr}");
+    let view = Arc::new(Mutex::new(view::View::new(
+        args.view == ViewMode::Auto,
+        header,
+    )));
+    let shared = Shared {
+        engine_bin,
+        log_dir,
+        routes: Arc::clone(&routes),
+        metrics: Arc::clone(&metrics),
+        status: Arc::clone(&status),
+        view,
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move { axum::serve(router_listener, router::router(routes)).await });
+    tokio::spawn(async move { axum::serve(admin_listener, admin::router(metrics, status)).await });
+    let mut tasks = Vec::new();
+    let demo_model = services[0].served_name();
+    let min_replicas: std::collections::BTreeMap<String, i32> = services
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.name.clone().unwrap_or_default(),
+                s.spec.autoscaling.min_replicas,
+            )
+        })
+        .collect();
+    for isvc in services {
+        let svc = Service::new(isvc, shared.clone())
+            .map_err(|e| LocalError::Io(std::io::Error::other(e)))?;
+        tasks.push(tokio::spawn(svc.run(stop_rx.clone())));
+    }
+    let demo_done = async {
+        if !args.demo {
+            return std::future::pending().await;
+        }
+        let serving = Arc::clone(&shared.routes);
+        demo::drive(
+            format!("http://{router_addr}"),
+            demo_model,
+            &demo::RAMP,
+            move || serving.all_serving(),
+        )
+        .await;
+        // Let the fleet settle back to its minimum before ending the demo.
+        let settle = tokio::time::Instant::now() + std::time::Duration::from_secs(600);
+        while !settled(&shared.status, &min_replicas) && tokio::time::Instant::now() < settle {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    };
+    let deadline = async {
+        match args.duration {
+            Some(s) => tokio::time::sleep(std::time::Duration::from_secs_f64(s.max(0.0))).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = wait_for_signal() => tracing::info!(target: "ballast::local", "stopping: draining every replica"),
+        _ = deadline => tracing::info!(target: "ballast::local", "--duration reached: draining every replica"),
+        _ = demo_done => tracing::info!(target: "ballast::local", "demo finished and the fleet is back at its minimum: stopping"),
+    }
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+/// Every service runs exactly its minimum replica count.
+fn settled(status: &admin::StatusMap, min: &std::collections::BTreeMap<String, i32>) -> bool {
+    let status = status.read().unwrap_or_else(|e| e.into_inner());
+    min.iter().all(|(name, &m)| {
+        status
+            .get(name)
+            .is_some_and(|s| s.desired_replicas == m && s.replicas == m && s.ready_replicas == m)
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
