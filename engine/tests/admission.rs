@@ -5,24 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, start};
-use futures::StreamExt;
+use common::start;
 use serde_json::{Value, json};
 
 const SLOW: [&str; 4] = ["--model", "synthetic:small", "--max-model-len", "2048"];
-
-/// Starts a long streaming request and returns once its first token arrived (so it is
-/// running and no longer queued). Dropping the returned stream aborts it.
-async fn occupy(s: &TestServer, tenant: Option<&str>) -> impl futures::Stream + Send {
-    let mut body =
-        json!({"prompt": "hold the slot", "max_tokens": 2000, "ignore_eos": true, "stream": true});
-    if let Some(t) = tenant {
-        body["user"] = json!(t);
-    }
-    let mut chunks = Box::pin(s.stream("/v1/completions", &body).await.bytes_stream());
-    chunks.next().await.unwrap().unwrap();
-    chunks
-}
 
 fn series(name: &str, rank: &str, extra: &str) -> String {
     format!("{name}{{engine=\"{rank}\",model_name=\"synthetic:small\"{extra}")
@@ -38,7 +24,7 @@ async fn burst_gets_exactly_the_429s_the_queue_limit_implies() {
         .concat(),
     )
     .await;
-    let holder = occupy(&s, None).await;
+    let holder = s.hold(None).await;
     let burst = futures::future::join_all((0..10).map(|i| {
         let s = &s;
         async move {
@@ -85,7 +71,7 @@ async fn queued_token_limit_counts_prompt_tokens() {
         .concat(),
     )
     .await;
-    let holder = occupy(&s, None).await;
+    let holder = s.hold(None).await;
     let mut pending = Vec::new();
     for i in 0..3u32 {
         let c = s.client.clone();
@@ -124,7 +110,7 @@ async fn queued_token_limit_counts_prompt_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_cap_defers_without_blocking_other_tenants() {
     let s = start(&[&SLOW[..], &["--max-running-per-tenant", "1"]].concat()).await;
-    let holder = occupy(&s, Some("alice")).await;
+    let holder = s.hold(Some("alice")).await;
     let deferred: Vec<_> = (0..2)
         .map(|i| {
             let c = s.client.clone();
@@ -193,12 +179,12 @@ async fn data_parallel_ranks_take_turns_and_follow_weights() {
     )
     .await;
     let running = |rank| series("ballast_num_requests_running", rank, "}");
-    let a = occupy(&s, None).await;
-    let b = occupy(&s, None).await;
+    let a = s.hold(None).await;
+    let b = s.hold(None).await;
     assert_eq!(s.metric(&running("0")).await, 1.0);
     assert_eq!(s.metric(&running("1")).await, 1.0);
     s.engine.dispatcher().set_weights(&[0.0, 1.0]).unwrap();
-    let c = occupy(&s, None).await;
+    let c = s.hold(None).await;
     assert_eq!(s.metric(&running("1")).await, 2.0);
     drop((a, b, c));
     s.wait_metric(&running("1"), Duration::from_secs(10), |v| v == 0.0)

@@ -28,14 +28,6 @@ async fn control(s: &TestServer) -> EngineControlClient<Channel> {
         .unwrap()
 }
 
-/// A streaming request that keeps running until the returned stream is dropped.
-async fn hold(s: &TestServer) -> impl futures::Stream + Send {
-    let body = json!({"prompt": "hold", "max_tokens": 2000, "ignore_eos": true, "stream": true});
-    let mut chunks = Box::pin(s.stream("/v1/completions", &body).await.bytes_stream());
-    chunks.next().await.unwrap().unwrap();
-    chunks
-}
-
 const SLOW: [&str; 4] = ["--model", "synthetic:small", "--max-model-len", "2048"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,7 +63,7 @@ async fn stats_and_dp_weights() {
         .unwrap()
         .into_inner();
     assert_eq!(w.weights, vec![0.0, 1.0]);
-    let held = hold(&s).await;
+    let held = s.hold(None).await;
     let busy = c.get_stats(GetStatsRequest {}).await.unwrap().into_inner();
     assert_eq!((busy.ranks[0].running, busy.ranks[1].running), (0, 1));
     assert!(busy.ranks[1].kv_usage > 0.0 && busy.ranks[1].tokens_scheduled > 0);
@@ -147,7 +139,7 @@ async fn prefix_cache_reset_is_refused_while_blocks_are_in_use() {
             .unwrap()
             > 0
     );
-    let held = hold(&s).await;
+    let held = s.hold(None).await;
     assert!(
         !c.reset_prefix_cache(ResetPrefixCacheRequest {})
             .await

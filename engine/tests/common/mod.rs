@@ -91,6 +91,20 @@ impl TestServer {
         r
     }
 
+    /// Starts a long streaming request (2000 tokens, ignoring EOS) for `tenant` and returns
+    /// once its first token arrived, so it is running and no longer queued. Dropping the
+    /// returned stream aborts it.
+    pub async fn hold(&self, tenant: Option<&str>) -> impl futures::Stream + Send + use<> {
+        use futures::StreamExt;
+        let mut body = serde_json::json!({"prompt": "hold the slot", "max_tokens": 2000, "ignore_eos": true, "stream": true});
+        if let Some(t) = tenant {
+            body["user"] = serde_json::json!(t);
+        }
+        let mut chunks = Box::pin(self.stream("/v1/completions", &body).await.bytes_stream());
+        chunks.next().await.unwrap().unwrap();
+        chunks
+    }
+
     pub async fn metrics(&self) -> String {
         self.client
             .get(format!("{}/metrics", self.base))
