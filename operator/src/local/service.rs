@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ballast_crds::{Action, InferenceService, InferenceServiceStatus};
+use ballast_crds::{InferenceService, InferenceServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -449,14 +449,6 @@ impl Service {
             message = %outcome.message,
             "decision"
         );
-        if outcome.action != Action::Hold
-            || self
-                .last_decision
-                .as_ref()
-                .is_none_or(|d| d.reason != decision.reason)
-        {
-            tracing::debug!(target: "ballast::local", service = %self.name, "decision changed");
-        }
         self.shared
             .view
             .lock()
