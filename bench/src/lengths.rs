@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::rng::Rng;
+use ballast_rng::SplitMix64;
 
 /// Upper bound for any sampled length; it keeps a heavy-tailed distribution
 /// from producing a prompt no server could accept (or we could allocate).
@@ -32,7 +32,7 @@ pub(crate) enum LengthSpec {
 
 impl LengthSpec {
     /// Draws one length; always in `1..=MAX_LEN`.
-    pub(crate) fn sample(&self, rng: &mut Rng) -> u64 {
+    pub(crate) fn sample(&self, rng: &mut SplitMix64) -> u64 {
         let raw = match *self {
             LengthSpec::Fixed(n) => return n,
             LengthSpec::Uniform { lo, hi } => return rng.inclusive(lo, hi),
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn samples_stay_in_bounds() {
-        let mut rng = Rng::new(42);
+        let mut rng = SplitMix64::new(42);
         let uniform = LengthSpec::Uniform { lo: 5, hi: 9 };
         let (mut min, mut max) = (u64::MAX, 0);
         for _ in 0..5_000 {
@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn normal_and_exp_means_are_about_right() {
-        let mut rng = Rng::new(9);
+        let mut rng = SplitMix64::new(9);
         let n = 20_000;
         let normal = LengthSpec::Normal {
             mean: 200.0,

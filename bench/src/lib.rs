@@ -33,7 +33,6 @@ mod error;
 mod lengths;
 mod progress;
 mod report;
-mod rng;
 mod runner;
 mod sse;
 mod stats;

@@ -3,7 +3,7 @@
 
 use crate::args::{Config, Endpoint};
 use crate::lengths::LengthSpec;
-use crate::rng::Rng;
+use ballast_rng::SplitMix64;
 
 /// Independent random streams, so that e.g. changing `--output-len` does not
 /// change the prompts or the arrival times.
@@ -80,14 +80,14 @@ impl Workload {
             tenants: config.tenants,
             token_range: config.token_range,
         };
-        let mut rng = Rng::derive(w.seed, stream::PREFIX, 0);
+        let mut rng = SplitMix64::derive_path(w.seed, &[stream::PREFIX, 0]);
         w.prefix = (0..config.shared_prefix_len)
             .map(|_| w.unit(&mut rng))
             .collect();
         w
     }
 
-    fn unit(&self, rng: &mut Rng) -> Unit {
+    fn unit(&self, rng: &mut SplitMix64) -> Unit {
         match self.endpoint {
             Endpoint::Completions => {
                 let (lo, hi) = self.token_range;
@@ -99,7 +99,7 @@ impl Workload {
 
     /// Request number `index` of the run.
     pub(crate) fn request(&self, index: u64) -> RequestSpec {
-        let mut rng = Rng::derive(self.seed, stream::REQUEST, index);
+        let mut rng = SplitMix64::derive_path(self.seed, &[stream::REQUEST, index]);
         let input_len = self.input.sample(&mut rng);
         let max_tokens = self.output.sample(&mut rng);
         // `next_f64() < 1.0` always holds, so ratio 1.0 means every request.
@@ -133,14 +133,14 @@ impl Workload {
 /// Poisson arrival process: exponential gaps with mean `1 / rate`.
 #[derive(Debug, Clone)]
 pub(crate) struct Arrivals {
-    rng: Rng,
+    rng: SplitMix64,
     rate: f64,
 }
 
 impl Arrivals {
     pub(crate) fn new(seed: u64, rate: f64) -> Self {
         Arrivals {
-            rng: Rng::derive(seed, stream::ARRIVALS, 0),
+            rng: SplitMix64::derive_path(seed, &[stream::ARRIVALS, 0]),
             rate,
         }
     }

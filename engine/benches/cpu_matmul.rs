@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use ballast_engine::backend::cpu::{CpuBackend, CpuTensor, MatmulKernel};
-use ballast_engine::rng::SplitMix64;
+use ballast_rng::SplitMix64;
 
 fn random(rows: usize, cols: usize, rng: &mut SplitMix64) -> CpuTensor {
     CpuTensor {

@@ -20,8 +20,8 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanProcessor};
 
 use crate::events::FinishReason;
-use crate::rng::SplitMix64;
 use crate::stats::timeline::{FinishedRequestStats, RequestTimeline};
+use ballast_rng::SplitMix64;
 
 /// Where a request's spans go in a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use ballast_operator::scrape::dialect::adapt;
 use ballast_operator::scrape::parser::parse;
 use ballast_operator::signals::Dialect;
+use ballast_rng::SplitMix64;
 
 const ENGINES: usize = 8;
 const MODELS: usize = 10;
@@ -56,23 +57,6 @@ fn main() {
         sample.running,
         sample.kv_usage
     );
-}
-
-/// A deterministic pseudo-random source, so every run parses the same bytes.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // SplitMix64.
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// prometheus_client's float rendering (Go-like: exponent from 1e7 up, `.0` on integers).
@@ -225,7 +209,8 @@ fn exposition() -> String {
         .collect();
     let labels = |m: &str, e: usize| format!("engine=\"{e}\",model_name=\"{m}\"");
     let created = 1_795_951_203.618_451_6;
-    let mut rng = Rng(42);
+    // Deterministic, so every run parses the same bytes.
+    let mut rng = SplitMix64::new(42);
     let mut t = String::new();
     let w = &mut t;
 

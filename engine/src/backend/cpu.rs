@@ -380,7 +380,7 @@ impl Backend for CpuBackend {
 mod tests {
     use super::*;
     use crate::backend::SeqSlice;
-    use crate::rng::SplitMix64;
+    use ballast_rng::SplitMix64;
 
     fn random(rows: usize, cols: usize, rng: &mut SplitMix64) -> CpuTensor {
         let data = (0..rows * cols)

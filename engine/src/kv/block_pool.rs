@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::hash::BlockHash;
-use crate::rng::SplitMix64;
+use ballast_rng::SplitMix64;
 
 /// Index of a block in the pool.
 pub type BlockId = u32;

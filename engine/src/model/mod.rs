@@ -2,8 +2,8 @@
 
 pub mod llama;
 
-use crate::rng::SplitMix64;
 use crate::tokenizer::ByteTokenizer;
+use ballast_rng::SplitMix64;
 
 pub use llama::{LlamaModel, LlamaWeights};
 
@@ -227,7 +227,7 @@ fn stream_values(n: usize, bound: f32, seed: u64, stream: u64) -> Vec<f32> {
     out.par_chunks_mut(CHUNK)
         .enumerate()
         .for_each(|(c, chunk)| {
-            let mut rng = SplitMix64::derive(seed ^ stream.rotate_left(32), c as u64);
+            let mut rng = SplitMix64::derive_path(seed, &[stream, c as u64]);
             for v in chunk {
                 *v = (rng.next_f32() * 2.0 - 1.0) * bound;
             }
