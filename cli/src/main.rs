@@ -28,6 +28,9 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The one place the process-wide TLS crypto provider is chosen: every HTTP client of
+    // the libraries (load generator, scraper, router) takes it from here.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     if let Command::Crd = cli.command {
         print!("{}", ballast_crds::crd_yaml());
         return ExitCode::SUCCESS;
@@ -56,7 +59,7 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Engine(args) => match ballast_engine::run(args).await {
+            Command::Engine(args) => match ballast_engine::run(args, shutdown_signal()).await {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -64,13 +67,15 @@ fn main() -> ExitCode {
                 }
             },
             Command::Crd => unreachable!("handled before the runtime starts"),
-            Command::Local(args) => match ballast_operator::local::run(args).await {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    e.exit_code()
+            Command::Local(args) => {
+                match ballast_operator::local::run(args, shutdown_signal()).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        e.exit_code()
+                    }
                 }
-            },
+            }
             Command::Bench(args) => match ballast_bench::run(args).await {
                 Ok(_) => 0,
                 Err(e) => {
@@ -85,4 +90,22 @@ fn main() -> ExitCode {
         }
     });
     ExitCode::from(code as u8)
+}
+
+/// Resolves on the first SIGTERM or SIGINT (Ctrl-C): the engine then drains, `ballast
+/// local` drains every replica. If the handlers cannot be installed it never resolves, and
+/// says so.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; SIGTERM will not drain");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
 }

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 use ballast_engine::dp::DpBalance;
 use ballast_engine::events::{FinishReason, SchedulerSnapshot, StepCounters};
 use ballast_engine::kv::{PoolCounts, PrefixCacheStats, ResidencySample};
+use ballast_engine::metrics::buckets::Buckets;
 use ballast_engine::metrics::{EngineMetrics, MetricsConfig};
 use ballast_engine::model::ModelSpec;
-use ballast_engine::rng::SplitMix64;
-use ballast_engine::stats::buckets::Buckets;
 use ballast_engine::stats::flops::FlopsModel;
 use ballast_engine::stats::timeline::FinishedRequestStats;
 use ballast_engine::stats::{IterationStats, PrometheusLogger, StatLogger, StepStats};
+use ballast_rng::SplitMix64;
 
 const RANKS: usize = 8;
 
@@ -41,6 +41,7 @@ fn main() {
         FlopsModel::new(&spec, 4),
         256,
         Duration::from_secs(5),
+        true,
     );
     let mut rng = SplitMix64::new(7);
     let ms = |rng: &mut SplitMix64, scale: f64| Duration::from_secs_f64(rng.next_f64() * scale);
@@ -65,6 +66,8 @@ fn main() {
                 generation_tokens: rng.below(1000) as u32,
                 cached_tokens: 0,
                 num_preemptions: 0,
+                scheduled: true,
+                prefilled: true,
             })
             .collect::<Vec<_>>();
         let it = IterationStats {

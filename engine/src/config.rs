@@ -7,9 +7,9 @@ use clap::builder::BoolishValueParser;
 
 use crate::admission::AdmissionLimits;
 use crate::dispatcher::DispatchPolicy;
+use crate::metrics::buckets::Buckets;
 use crate::model::{ModelError, ModelSpec};
 use crate::scheduler::SchedulerConfig;
-use crate::stats::buckets::Buckets;
 
 /// Flags of `ballast engine`. Names follow vLLM where a vLLM user would look for them; every
 /// flag also reads the `BALLAST_*` environment variable shown in `--help`.

@@ -3,16 +3,12 @@
 //! reset. The .proto lives in `engine/proto/` and is compiled by protox in build.rs.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
-use crate::events::SchedulerSnapshot;
-use crate::stats::{StatLogger, StepStats};
 
 /// Generated protobuf types and gRPC stubs.
 #[allow(missing_docs, clippy::all)]
@@ -21,47 +17,6 @@ pub mod proto {
 }
 
 use proto::engine_control_server::{EngineControl, EngineControlServer};
-
-#[derive(Debug, Clone, Copy, Default)]
-struct RankState {
-    snapshot: SchedulerSnapshot,
-    tokens_scheduled: u64,
-}
-
-/// The latest state of every rank, kept by a stat logger for the control API.
-#[derive(Debug)]
-pub struct ControlBoard {
-    ranks: Mutex<Vec<RankState>>,
-    /// Bumped on every successful prefix-cache reset; the log line's hit-rate window
-    /// watches it.
-    pub prefix_resets: Arc<AtomicU64>,
-}
-
-impl ControlBoard {
-    /// A board for `num_ranks` ranks.
-    pub fn new(num_ranks: usize) -> Arc<Self> {
-        Arc::new(Self {
-            ranks: Mutex::new(vec![RankState::default(); num_ranks]),
-            prefix_resets: Arc::new(AtomicU64::new(0)),
-        })
-    }
-
-    fn ranks(&self) -> Vec<RankState> {
-        self.ranks.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-/// Feeds a [`ControlBoard`] from the stats feed.
-pub struct BoardLogger(pub Arc<ControlBoard>);
-
-impl StatLogger for BoardLogger {
-    fn record(&mut self, s: &StepStats<'_>) {
-        let mut ranks = self.0.ranks.lock().unwrap_or_else(|e| e.into_inner());
-        let r = &mut ranks[s.rank];
-        r.snapshot = *s.snapshot;
-        r.tokens_scheduled += s.counters.scheduled_tokens as u64;
-    }
-}
 
 /// The gRPC service over an engine.
 pub struct ControlService {
@@ -181,12 +136,6 @@ impl EngineControl for ControlService {
         let ok = tokio::task::spawn_blocking(move || engine.reset_prefix_cache())
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
-        if ok {
-            self.engine
-                .control_board()
-                .prefix_resets
-                .fetch_add(1, Ordering::SeqCst);
-        }
         Ok(Response::new(proto::ResetPrefixCacheResponse { ok }))
     }
 }

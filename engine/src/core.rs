@@ -6,7 +6,7 @@
 //! ranks sleep until a request or command arrives for any of them.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -27,6 +27,55 @@ pub enum RankCommand {
     Abort(RequestId),
     /// Forget cached prefixes; replies whether it was done (refused while blocks are in use).
     ResetPrefixCache(std::sync::mpsc::Sender<bool>),
+}
+
+/// The frontend's way into the ranks: their inboxes, and the group's wake-up so a sleeping
+/// group notices a command.
+#[derive(Clone)]
+pub struct RankHandles {
+    inboxes: Vec<Sender<RankCommand>>,
+    group: Arc<DpGroup<GatherMsg>>,
+}
+
+impl RankHandles {
+    /// Handles over one inbox per rank of `group`.
+    pub fn new(inboxes: Vec<Sender<RankCommand>>, group: Arc<DpGroup<GatherMsg>>) -> Self {
+        Self { inboxes, group }
+    }
+
+    /// Queues `cmd` for `rank` without waking the group (batch several, then
+    /// [`Self::wake`]); false when the rank is gone.
+    pub fn send(&self, rank: usize, cmd: RankCommand) -> bool {
+        self.inboxes[rank].send(cmd).is_ok()
+    }
+
+    /// Wakes every rank so queued commands are seen.
+    pub fn wake(&self) {
+        self.group.wake();
+    }
+
+    /// Ends `ids` on `rank` now (their outputs are no longer wanted).
+    pub fn abort_all(&self, rank: usize, ids: &[RequestId]) {
+        for &id in ids {
+            let _ = self.inboxes[rank].send(RankCommand::Abort(id));
+        }
+        self.wake();
+    }
+
+    /// Number of ranks.
+    pub fn len(&self) -> usize {
+        self.inboxes.len()
+    }
+
+    /// Whether there is no rank (never, for a started engine).
+    pub fn is_empty(&self) -> bool {
+        self.inboxes.is_empty()
+    }
+
+    /// The lockstep group.
+    pub fn group(&self) -> &Arc<DpGroup<GatherMsg>> {
+        &self.group
+    }
 }
 
 /// What a rank reports after each step it takes part in.
@@ -174,7 +223,8 @@ impl RankWorker {
     fn flush_idle(&mut self, step: &mut u64, last_sent: &mut SchedulerSnapshot) -> bool {
         let outputs = self.scheduler.take_outputs();
         let snapshot = self.scheduler.snapshot();
-        if outputs.is_empty() && snapshot == *last_sent {
+        let counters = self.scheduler.take_counters();
+        if outputs.is_empty() && snapshot == *last_sent && counters == StepCounters::default() {
             return true;
         }
         *last_sent = snapshot;
@@ -184,7 +234,7 @@ impl RankWorker {
             new_tokens_ts: Instant::now(),
             outputs,
             snapshot,
-            counters: self.scheduler.take_counters(),
+            counters,
             residency: self.scheduler.take_residency(),
             dp: Ok(None),
         };

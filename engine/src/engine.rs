@@ -2,7 +2,6 @@
 //! draining and shutdown around the rank threads of [`crate::core`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -12,24 +11,25 @@ use tokio::sync::{mpsc, watch};
 use crate::admission::{AdmissionLedger, RejectReason};
 use crate::backend::cpu::CpuBackend;
 use crate::config::EngineConfig;
-use crate::control::{BoardLogger, ControlBoard};
-use crate::core::{GatherMsg, RankCommand, RankWorker};
+use crate::core::{RankCommand, RankHandles, RankWorker};
 use crate::dispatcher::Dispatcher;
 use crate::dp::DpGroup;
 use crate::events::RequestId;
 use crate::executor::{Executor, ModelExecutor};
 use crate::metrics::{EngineMetrics, MetricsConfig};
 use crate::model::LlamaModel;
-use crate::output::{OutputProcessor, RequestUpdate, RouteTable};
-use crate::rng::SplitMix64;
+use crate::output::{NewRoute, OutputProcessor, RequestUpdate, RouteTable};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{EngineRequest, Scheduler};
 use crate::spans::{SpanExporter, TraceContext};
+use crate::stats::board::{BoardLogger, ControlBoard};
 use crate::stats::flops::FlopsModel;
 use crate::stats::timeline::RequestTimeline;
 use crate::stats::{LogLineLogger, PrometheusLogger, StatLogger};
 use crate::tenants::{Tenant, TenantLedger};
+use crate::text::TextStream;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
+use ballast_rng::SplitMix64;
 
 /// A request as the frontend submits it: tokenized and validated.
 #[derive(Debug, Clone)]
@@ -38,6 +38,8 @@ pub struct Submission {
     pub prompt: Vec<u32>,
     /// Sampling and stop parameters.
     pub sampling: SamplingParams,
+    /// Stop strings (not included in the output).
+    pub stop: Vec<String>,
     /// Tenant for the running cap.
     pub tenant: Option<Tenant>,
     /// Frontend wall clock when the HTTP request arrived (before tokenization).
@@ -69,8 +71,7 @@ pub enum SubmitError {
 struct Inner {
     config: EngineConfig,
     tokenizer: Arc<dyn Tokenizer>,
-    ranks: Vec<Sender<RankCommand>>,
-    group: Arc<DpGroup<GatherMsg>>,
+    ranks: RankHandles,
     dispatcher: Arc<Dispatcher>,
     admission: Arc<AdmissionLedger>,
     tenants: Arc<TenantLedger>,
@@ -141,11 +142,11 @@ impl Engine {
             max_model_len: s.max_model_len,
         }));
         let (out_tx, out_rx) = mpsc::unbounded_channel();
-        let mut ranks = Vec::with_capacity(n);
+        let mut inboxes = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
         for (rank, executor) in executors.into_iter().enumerate() {
             let (tx, rx) = std::sync::mpsc::channel();
-            ranks.push(tx);
+            inboxes.push(tx);
             let mut scheduler = Scheduler::new(s, Arc::clone(&tenants), Arc::clone(&admission));
             if let Some(rate) = config.stats.kv_residency_sample {
                 scheduler.track_kv_residency(rate, config.seed ^ rank as u64);
@@ -165,6 +166,7 @@ impl Engine {
             threads.push(handle);
         }
         drop(out_tx);
+        let ranks = RankHandles::new(inboxes, group);
         let st = &config.stats;
         let board = ControlBoard::new(n);
         let mut loggers: Vec<Box<dyn StatLogger>> = vec![
@@ -174,13 +176,15 @@ impl Engine {
                 FlopsModel::new(&config.model, 4),
                 s.max_num_seqs,
                 st.log_interval,
+                !st.disable_log_stats,
             )),
         ];
         if !st.disable_log_stats {
-            loggers.push(Box::new(
-                LogLineLogger::new(n, st.aggregate_engine_logging, Instant::now())
-                    .watch_prefix_resets(Arc::clone(&board.prefix_resets)),
-            ));
+            loggers.push(Box::new(LogLineLogger::new(
+                n,
+                st.aggregate_engine_logging,
+                Instant::now(),
+            )));
         }
         let spans = st.otlp_traces_endpoint.as_deref().and_then(|url| {
             match SpanExporter::new(url, "ballast-engine") {
@@ -194,6 +198,7 @@ impl Engine {
         let processor = OutputProcessor {
             table: Arc::clone(&routes),
             dispatcher: Arc::clone(&dispatcher),
+            ranks: ranks.clone(),
             loggers,
             tick: Some(st.log_interval),
             spans: spans.clone(),
@@ -205,7 +210,6 @@ impl Engine {
                 config,
                 tokenizer,
                 ranks,
-                group,
                 dispatcher,
                 admission,
                 tenants,
@@ -291,17 +295,25 @@ impl Engine {
             let charged = (sub.prompt.len() + sub.sampling.max_tokens as usize) as u64;
             let rank = inner.dispatcher.assign(charged);
             let (tx, rx) = mpsc::unbounded_channel();
-            let timeline = (!inner.config.stats.disable_log_stats).then(|| {
-                RequestTimeline::new(
-                    sub.arrival,
-                    sub.arrival_instant,
-                    sub.prompt.len() as u32,
-                    sub.sampling.max_tokens,
-                )
-            });
-            inner
-                .routes
-                .register(id, rank, charged, tx, timeline, sub.trace);
+            // The timeline is kept even with --disable-log-stats: the counters (prompt
+            // tokens by source, finishes by reason) need it; only histograms are off.
+            let timeline = RequestTimeline::new(
+                sub.arrival,
+                sub.arrival_instant,
+                sub.prompt.len() as u32,
+                sub.sampling.max_tokens,
+            );
+            inner.routes.register(
+                id,
+                NewRoute {
+                    rank,
+                    charged_tokens: charged,
+                    tx,
+                    timeline,
+                    trace: sub.trace,
+                    text: TextStream::new(inner.tokenizer.stream_decoder(), sub.stop),
+                },
+            );
             inner.in_flight.send_modify(|n| *n += 1);
             let rng_seed = match sub.sampling.seed {
                 Some(seed) => seed,
@@ -326,7 +338,7 @@ impl Engine {
                     finished: false,
                 },
             };
-            if inner.ranks[rank].send(RankCommand::Add(req)).is_err() {
+            if !inner.ranks.send(rank, RankCommand::Add(req)) {
                 // The rank is gone: undo this request and release what the unsent ones
                 // were charged. Streams already created abort themselves when dropped.
                 inner.routes.remove(id);
@@ -340,33 +352,30 @@ impl Engine {
             }
             streams.push(stream);
         }
-        inner.group.wake();
+        inner.ranks.wake();
         Ok(streams)
     }
 
     /// False once the rank threads stopped (after a shutdown, or a rank failed).
     pub fn core_alive(&self) -> bool {
-        !self.inner.group.is_closed()
+        !self.inner.ranks.group().is_closed()
     }
 
     fn abort(&self, id: RequestId, rank: usize) {
-        let _ = self.inner.ranks[rank].send(RankCommand::Abort(id));
-        self.inner.group.wake();
+        self.inner.ranks.abort_all(rank, &[id]);
     }
 
     /// Forgets every rank's cached prefixes; false if some rank refused (blocks in use).
     pub fn reset_prefix_cache(&self) -> bool {
-        let replies: Vec<_> = self
-            .inner
-            .ranks
-            .iter()
-            .map(|r| {
+        let ranks = &self.inner.ranks;
+        let replies: Vec<_> = (0..ranks.len())
+            .map(|rank| {
                 let (tx, rx) = std::sync::mpsc::channel();
-                let _ = r.send(RankCommand::ResetPrefixCache(tx));
+                ranks.send(rank, RankCommand::ResetPrefixCache(tx));
                 rx
             })
             .collect();
-        self.inner.group.wake();
+        ranks.wake();
         replies
             .into_iter()
             .all(|rx| rx.recv_timeout(Duration::from_secs(10)).unwrap_or(false))
@@ -410,7 +419,7 @@ impl Engine {
     /// Stops the rank threads and waits for them. Requests still running are dropped, so
     /// call it after draining.
     pub fn shutdown(&self) {
-        self.inner.group.close();
+        self.inner.ranks.group().close();
         let threads =
             std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
@@ -447,7 +456,7 @@ impl RequestStream {
             return None;
         }
         let update = self.rx.recv().await?;
-        if update.output.finish.is_some() {
+        if update.finish.is_some() {
             self.guard.finished = true;
         }
         Some(update)

@@ -20,10 +20,10 @@ pub mod kv;
 pub mod metrics;
 pub mod model;
 pub mod output;
-pub mod rng;
 pub mod sampling;
 pub mod scheduler;
 pub mod tenants;
+pub mod text;
 pub mod tokenizer;
 
 pub use config::{EngineArgs, EngineConfig};
@@ -55,8 +55,11 @@ impl RunError {
 
 /// Runs `ballast engine`: validates flags, binds the HTTP port, prints
 /// `ballast engine listening on http://ADDR` on stdout (with the real port when `--port 0`),
-/// serves until SIGTERM/SIGINT and drains.
-pub async fn run(args: EngineArgs) -> Result<(), RunError> {
+/// serves until `shutdown` resolves (the binary passes SIGTERM/SIGINT) and drains.
+pub async fn run(
+    args: EngineArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
     let config = EngineConfig::from_args(&args)?;
     let addr = std::net::SocketAddr::new(config.host, config.port);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -110,7 +113,7 @@ pub async fn run(args: EngineArgs) -> Result<(), RunError> {
         None => None,
     };
     println!("ballast engine listening on http://{local}");
-    server::serve(engine, listener).await?;
+    server::serve(engine, listener, shutdown).await?;
     let _ = stop_control.send(());
     if let Some(task) = control_task {
         let _ = task.await;

@@ -12,30 +12,52 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use crate::core::StepOutput;
+use crate::core::{RankHandles, StepOutput};
 use crate::dispatcher::Dispatcher;
-use crate::events::{RequestId, RequestStepOutput};
+use crate::events::{FinishReason, RequestId};
 use crate::spans::{SpanExporter, TraceContext};
 use crate::stats::timeline::{RequestTimeline, TokenSample};
 use crate::stats::{IterationStats, StatLogger, StepStats};
+use crate::text::TextStream;
 
-/// One update for a request's handler.
-#[derive(Debug, Clone, Copy)]
+/// One update for a request's handler: what its request did in one step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestUpdate {
-    /// What the request did in the step.
-    pub output: RequestStepOutput,
-    /// The step's NEW_TOKENS time.
-    pub step_ts: Instant,
+    /// Output text released in this step (possibly empty: held back for a stop string, or
+    /// a token that ends the request).
+    pub text: String,
+    /// Generated tokens this update counts (0 or 1; a token after a stop-string match is
+    /// never delivered).
+    pub new_tokens: u32,
+    /// Set on the request's last update.
+    pub finish: Option<FinishReason>,
+    /// Prompt tokens served from the prefix cache, on the update of its first scheduling.
+    pub num_cached_tokens: Option<u32>,
+}
+
+/// What a handler registers for a request before it reaches a rank.
+pub struct NewRoute {
+    /// The rank the request goes to.
+    pub rank: usize,
+    /// Tokens charged to the rank by the dispatcher (released when the request ends).
+    pub charged_tokens: u64,
+    /// Where the request's updates go.
+    pub tx: UnboundedSender<RequestUpdate>,
+    /// The request's clocks and counts.
+    pub timeline: RequestTimeline,
+    /// Where the request's spans go, when tracing is on.
+    pub trace: Option<TraceContext>,
+    /// Its text: decoder and stop strings.
+    pub text: TextStream,
 }
 
 struct Route {
     tx: UnboundedSender<RequestUpdate>,
     rank: usize,
     charged_tokens: u64,
-    /// `None` with `--disable-log-stats`: no per-request stats are computed.
-    timeline: Option<RequestTimeline>,
-    /// Where the request's spans go, when tracing is on.
+    timeline: RequestTimeline,
     trace: Option<TraceContext>,
+    text: TextStream,
 }
 
 /// Request id → handler channel and per-request stats state.
@@ -45,24 +67,17 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    /// Registers a request before it is sent to `rank`.
-    pub fn register(
-        &self,
-        id: RequestId,
-        rank: usize,
-        charged_tokens: u64,
-        tx: UnboundedSender<RequestUpdate>,
-        timeline: Option<RequestTimeline>,
-        trace: Option<TraceContext>,
-    ) {
+    /// Registers a request before it is sent to its rank.
+    pub fn register(&self, id: RequestId, r: NewRoute) {
         self.lock().insert(
             id,
             Route {
-                tx,
-                rank,
-                charged_tokens,
-                timeline,
-                trace,
+                tx: r.tx,
+                rank: r.rank,
+                charged_tokens: r.charged_tokens,
+                timeline: r.timeline,
+                trace: r.trace,
+                text: r.text,
             },
         );
     }
@@ -98,6 +113,8 @@ pub struct OutputProcessor {
     pub table: Arc<RouteTable>,
     /// Released when a request finishes.
     pub dispatcher: Arc<Dispatcher>,
+    /// Ends, on its rank, a request the output side finished (a stop string matched).
+    pub ranks: RankHandles,
     /// Every consumer of the stats feed.
     pub loggers: Vec<Box<dyn StatLogger>>,
     /// How often loggers tick (log line, throughput decay); `None`: never.
@@ -143,24 +160,35 @@ impl OutputProcessor {
 
     /// Computes the step's stats, publishes them, then delivers the outputs. Loggers run
     /// first so whoever sees a token can rely on `/metrics` being at least that fresh.
+    ///
+    /// A request finishes here when its engine output says so, or when its text completes a
+    /// stop string: then it is recorded as a `stop` finish at once, its route is removed so
+    /// later tokens from the rank are neither counted nor sent, and the rank is told to
+    /// drop it.
     pub fn process(&mut self, step: StepOutput) {
         let wall_now = SystemTime::now();
         let mut it = IterationStats::default();
+        let mut updates: Vec<(RequestId, RequestUpdate)> = Vec::with_capacity(step.outputs.len());
+        let mut stopped: Vec<RequestId> = Vec::new();
         {
             let mut routes = self.table.lock();
             for out in &step.outputs {
                 let Some(route) = routes.get_mut(&out.id) else {
                     continue;
                 };
-                let Some(tl) = route.timeline.as_mut() else {
-                    it.generation_tokens += out.new_token.is_some() as u64;
-                    continue;
-                };
+                let tl = &mut route.timeline;
                 tl.on_events(&out.events);
                 if let Some(c) = out.num_cached_tokens {
                     tl.num_cached_tokens = c;
                 }
-                if out.new_token.is_some() {
+                let mut matched = false;
+                let mut update = RequestUpdate {
+                    finish: out.finish,
+                    num_cached_tokens: out.num_cached_tokens,
+                    ..RequestUpdate::default()
+                };
+                if let Some(token) = out.new_token {
+                    update.new_tokens = 1;
                     it.generation_tokens += 1;
                     match tl.on_token(step.new_tokens_ts, wall_now) {
                         TokenSample::First { ttft } => {
@@ -170,14 +198,33 @@ impl OutputProcessor {
                         }
                         TokenSample::Next { itl } => it.itl.push(itl.as_secs_f64()),
                     }
+                    let t = route
+                        .text
+                        .token(token, out.finish == Some(FinishReason::Stop));
+                    update.text = t.text;
+                    if t.stopped {
+                        matched = true;
+                        if out.finish.is_none() {
+                            stopped.push(out.id);
+                        }
+                        update.finish = Some(FinishReason::Stop);
+                    }
                 }
-                if let Some(reason) = out.finish {
-                    let finished = tl.finish(reason, wall_now);
+                if out.finish.is_some() && !matched {
+                    let t = route.text.finish();
+                    update.text.push_str(&t.text);
+                    if t.stopped {
+                        update.finish = Some(FinishReason::Stop);
+                    }
+                }
+                if let Some(reason) = update.finish {
+                    let finished = route.timeline.finish(reason, wall_now);
                     if let (Some(spans), Some(ctx)) = (&self.spans, &route.trace) {
-                        spans.export(ctx, out.id, &self.model_name, tl, &finished);
+                        spans.export(ctx, out.id, &self.model_name, &route.timeline, &finished);
                     }
                     it.finished.push(finished);
                 }
+                updates.push((out.id, update));
             }
         }
         let stats = StepStats {
@@ -196,20 +243,22 @@ impl OutputProcessor {
             tracing::error!(rank = step.rank, step = step.step, error = %e, "invalid data-parallel statistics");
         }
         let mut routes = self.table.lock();
-        for out in &step.outputs {
-            let Some(route) = routes.get(&out.id) else {
+        for (id, update) in updates {
+            let finished = update.finish.is_some();
+            let Some(route) = routes.get(&id) else {
                 continue;
             };
             // A handler that went away aborts its request through its guard; a failed send
             // here needs no action.
-            let _ = route.tx.send(RequestUpdate {
-                output: *out,
-                step_ts: step.new_tokens_ts,
-            });
-            if out.finish.is_some() {
-                let route = routes.remove(&out.id).expect("present");
+            let _ = route.tx.send(update);
+            if finished {
+                let route = routes.remove(&id).expect("present");
                 self.dispatcher.release(route.rank, route.charged_tokens);
             }
+        }
+        drop(routes);
+        if !stopped.is_empty() {
+            self.ranks.abort_all(step.rank, &stopped);
         }
     }
 }

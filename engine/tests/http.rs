@@ -495,3 +495,88 @@ async fn limits_that_can_never_be_met_are_400_not_429() {
         "{v}"
     );
 }
+
+/// One request cannot make the engine allocate without bound: total sequences (prompts × n),
+/// stop token ids and stop string lengths are limited, each accepted at its bound and
+/// refused one past it with a 400 that names the field and the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_at_each_bound_pass_and_over_it_get_400() {
+    let s = start(&["--max-num-seqs", "256"]).await;
+    let ids = |n: usize| (0..n).map(|i| (i % 200) as u32).collect::<Vec<_>>();
+    let stop = |bytes: usize| "x".repeat(bytes);
+    let cases = [
+        // (body, accepted, field, limit named in the message)
+        (
+            json!({"prompt": ["a", "b"], "n": 64, "max_tokens": 1}),
+            true,
+            "n",
+            "128",
+        ),
+        (
+            json!({"prompt": ["a", "b"], "n": 65, "max_tokens": 1}),
+            false,
+            "n",
+            "128",
+        ),
+        (
+            json!({"prompt": [[1], [2], [3]], "n": 43, "max_tokens": 1}),
+            false,
+            "n",
+            "128",
+        ),
+        (
+            json!({"prompt": "a", "max_tokens": 1, "stop_token_ids": ids(128)}),
+            true,
+            "stop_token_ids",
+            "128",
+        ),
+        (
+            json!({"prompt": "a", "max_tokens": 1, "stop_token_ids": ids(129)}),
+            false,
+            "stop_token_ids",
+            "128",
+        ),
+        (
+            json!({"prompt": "a", "max_tokens": 1, "stop_token_ids": [258]}),
+            false,
+            "stop_token_ids",
+            "258",
+        ),
+        (
+            json!({"prompt": "a", "max_tokens": 1, "stop": [stop(256)]}),
+            true,
+            "stop",
+            "256",
+        ),
+        (
+            json!({"prompt": "a", "max_tokens": 1, "stop": [stop(257)]}),
+            false,
+            "stop",
+            "256",
+        ),
+    ];
+    for (body, accepted, field, limit) in cases {
+        let (status, v) = s.post("/v1/completions", &body).await;
+        if accepted {
+            assert_eq!(status, 200, "at the bound: {v}");
+            continue;
+        }
+        assert_eq!(status, 400, "over the bound: {v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(limit),
+            "names the limit {limit}: {message}"
+        );
+    }
+    // A long min_tokens mask over many stop ids still samples around it.
+    let (status, v) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "a", "max_tokens": 8, "min_tokens": 8, "temperature": 0,
+                    "stop_token_ids": ids(128)}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+}

@@ -125,10 +125,15 @@ async fn counters_equal_the_sum_of_what_clients_saw() {
         kv("evictable") > 0.0,
         "finished requests leave cached blocks"
     );
-    // Iteration tokens count every computed token once.
+    // Iterations count as vLLM counts them: whole prompts whose prefill completed (cache
+    // hits included) plus generated tokens, so the sums agree with the counters.
     assert_eq!(
         m("ballast_iteration_tokens_sum{engine=\"0\""),
-        (prompt - cached + completion - 6) as f64
+        (prompt + completion) as f64
+    );
+    assert_eq!(
+        m("ballast_request_prompt_tokens_sum{engine=\"0\""),
+        m(&plain("prompt_tokens_total"))
     );
     assert!(m(&plain("estimated_flops_per_gpu_total")) > 0.0);
 }
@@ -164,22 +169,36 @@ async fn aborted_requests_count_as_abort_and_record_no_ttft() {
     srv.wait_metric(abort, Duration::from_secs(20), |v| v == 2.0)
         .await;
     let text = srv.metrics().await;
+    let m = |name: &str| metric_value(&text, &format!("{name}{{engine=\"0\""));
     assert_eq!(
-        metric_value(
-            &text,
-            "ballast_time_to_first_token_seconds_count{engine=\"0\""
-        ),
+        m("ballast_time_to_first_token_seconds_count"),
         1.0,
         "only the request that produced a token"
     );
+    // Every finished request, aborts included, is observed once in e2e and the token
+    // histograms, so their counts equal request_success_total and their sums the counters.
+    for h in [
+        "ballast_e2e_request_latency_seconds_count",
+        "ballast_request_prompt_tokens_count",
+        "ballast_request_generation_tokens_count",
+    ] {
+        assert_eq!(m(h), 2.0, "{h}");
+    }
     assert_eq!(
-        metric_value(
-            &text,
-            "ballast_e2e_request_latency_seconds_count{engine=\"0\""
-        ),
-        0.0,
-        "aborted requests record no latencies"
+        m("ballast_request_prompt_tokens_sum"),
+        m("ballast_prompt_tokens_total"),
+        "the queued request processed no prompt; the holder's counted once"
     );
+    assert!(m("ballast_prompt_tokens_total") > 0.0);
+    assert_eq!(
+        m("ballast_request_generation_tokens_sum"),
+        m("ballast_generation_tokens_total")
+    );
+    assert!(m("ballast_e2e_request_latency_seconds_sum") > 0.0);
+    // Engine stages only for the stages a request reached: the holder was scheduled and
+    // prefilled, the abandoned one never left the queue.
+    assert_eq!(m("ballast_request_queue_time_seconds_count"), 1.0);
+    assert_eq!(m("ballast_request_prefill_time_seconds_count"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,6 +312,30 @@ async fn dp_ratio_is_observed_once_per_step_by_rank_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_metrics_use_route_templates_and_skip_probes() {
     let srv = start(&[]).await;
+    let req = |endpoint: &str, method: &str, status: u16| {
+        format!(
+            "ballast_http_requests_total{{endpoint=\"{endpoint}\",method=\"{method}\",model_name=\"synthetic:tiny\",status=\"{status}\"}}"
+        )
+    };
+    // Before any request: the API routes' series exist at zero.
+    let fresh = srv.metrics().await;
+    for (endpoint, method) in [
+        ("/v1/completions", "POST"),
+        ("/v1/chat/completions", "POST"),
+    ] {
+        for status in [200, 400, 429, 503] {
+            assert_eq!(metric_value(&fresh, &req(endpoint, method, status)), 0.0);
+        }
+        assert_eq!(
+            metric_value(
+                &fresh,
+                &format!(
+                    "ballast_http_request_duration_seconds_count{{endpoint=\"{endpoint}\",method=\"{method}\""
+                )
+            ),
+            0.0
+        );
+    }
     complete(&srv, "hi", 2).await;
     let (status, _) = srv
         .post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 0}))
@@ -301,11 +344,6 @@ async fn http_metrics_use_route_templates_and_skip_probes() {
     srv.get("/health").await;
     srv.get("/v1/models").await;
     let text = srv.metrics().await;
-    let req = |endpoint: &str, method: &str, status: u16| {
-        format!(
-            "ballast_http_requests_total{{endpoint=\"{endpoint}\",method=\"{method}\",model_name=\"synthetic:tiny\",status=\"{status}\"}}"
-        )
-    };
     assert_eq!(
         metric_value(&text, &req("/v1/completions", "POST", 200)),
         1.0
@@ -429,4 +467,103 @@ async fn every_exported_family_is_documented() {
         .filter(|f| !docs.contains(&format!("`{f}`")))
         .collect();
     assert!(missing.is_empty(), "docs/metrics.md lacks {missing:?}");
+}
+
+/// A stop string ends the request as `stop` in the metrics, exactly as the client saw it:
+/// no abort, one e2e sample, and the generated tokens counted are the ones delivered, up
+/// to the token that completed the match, never what the engine produced after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_string_finish_is_recorded_as_stop() {
+    let srv = start(&[]).await;
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": true});
+    let (_, full) = srv.post("/v1/completions", &body).await;
+    let text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = text.chars().collect();
+    let stop: String = chars[10..12].iter().collect();
+    settle(&srv).await;
+    let before = srv.metrics().await;
+    let mut b = body.clone();
+    b["stop"] = json!([stop]);
+    let (status, v) = srv.post("/v1/completions", &b).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let delivered = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(
+        delivered < 200,
+        "the stop string ended it early: {delivered}"
+    );
+    settle(&srv).await;
+    let after = srv.metrics().await;
+    let delta = |series: &str| metric_value(&after, series) - metric_value(&before, series);
+    assert_eq!(
+        delta(&s("request_success_total", ",finished_reason=\"stop\"")),
+        1.0
+    );
+    assert_eq!(
+        delta(&s("request_success_total", ",finished_reason=\"abort\"")),
+        0.0
+    );
+    assert_eq!(
+        delta(&plain("generation_tokens_total")),
+        delivered as f64,
+        "tokens after the match are not counted"
+    );
+    assert_eq!(
+        delta("ballast_request_generation_tokens_sum{engine=\"0\""),
+        delivered as f64
+    );
+    assert_eq!(
+        delta("ballast_e2e_request_latency_seconds_count{engine=\"0\""),
+        1.0
+    );
+    assert_eq!(
+        delta("ballast_request_time_per_output_token_seconds_count{engine=\"0\""),
+        1.0,
+        "a stop finish keeps its decode figures"
+    );
+    assert_eq!(srv.engine.routed_requests(), 0);
+    srv.wait_metric(
+        &plain("kv_cache_usage_ratio"),
+        Duration::from_secs(5),
+        |v| v == 0.0,
+    )
+    .await;
+}
+
+/// `--disable-log-stats` turns off the log line and the per-request histograms; gauges
+/// and counters stay, as the docs say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_log_stats_keeps_counters_and_gauges() {
+    let srv = start(&["--disable-log-stats"]).await;
+    let v = complete(&srv, "counted all the same", 7).await;
+    settle(&srv).await;
+    let text = srv.metrics().await;
+    let m = |series: &str| metric_value(&text, series);
+    assert_eq!(
+        m(&plain("prompt_tokens_total")),
+        v["usage"]["prompt_tokens"].as_u64().unwrap() as f64
+    );
+    assert_eq!(m(&plain("generation_tokens_total")), 7.0);
+    let by = |src: &str| {
+        m(&format!(
+            "ballast_prompt_tokens_by_source_total{{engine=\"0\",model_name=\"synthetic:tiny\",source=\"{src}\"}}"
+        ))
+    };
+    assert_eq!(
+        by("local_compute") + by("local_cache_hit"),
+        m(&plain("prompt_tokens_total"))
+    );
+    assert_eq!(
+        m(&s("request_success_total", ",finished_reason=\"length\"")),
+        1.0
+    );
+    assert_eq!(
+        m("ballast_e2e_request_latency_seconds_count{engine=\"0\""),
+        0.0,
+        "per-request histograms are off"
+    );
+    assert_eq!(
+        m("ballast_time_to_first_token_seconds_count{engine=\"0\""),
+        0.0
+    );
 }

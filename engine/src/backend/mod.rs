@@ -171,8 +171,8 @@ pub trait Backend: Send + Sync + 'static {
     fn sample(&self, logits: &Self::Tensor, slots: &mut [SamplingSlot]) -> Vec<u32> {
         let (rows, cols) = self.shape(logits);
         assert_eq!(rows, slots.len(), "one sampling slot per logits row");
-        let host = self.download(logits);
-        host.chunks(cols.max(1))
+        let mut host = self.download(logits);
+        host.chunks_mut(cols.max(1))
             .zip(slots.iter_mut())
             .map(|(row, slot)| {
                 let suppress = slot.suppress.as_deref().unwrap_or(&[]);

@@ -25,6 +25,8 @@ pub struct PrefixCacheStats {
     pub preempted_queries: u64,
     /// Tokens found cached by resuming requests.
     pub preempted_hits: u64,
+    /// Successful resets of the prefix cache (consumers of hit-rate windows start over).
+    pub resets: u64,
 }
 
 /// The cached blocks covering a request's longest known prefix.
@@ -198,7 +200,9 @@ impl KvCacheManager {
 
     /// Forgets all cached prefixes; refused while any request holds blocks.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        self.pool.reset_prefix_cache()
+        let done = self.pool.reset_prefix_cache();
+        self.stats.resets += done as u64;
+        done
     }
 
     /// Returns the prefix-cache counters accumulated since the last call, and zeroes them.

@@ -16,6 +16,12 @@
 //!
 //! A waiting request whose tenant is at `--max-running-per-tenant` is skipped (deferred)
 //! without blocking the requests behind it.
+//!
+//! The end-of-step snapshot classifies each waiting request by what held it when the step
+//! was planned, as vLLM takes its stats after scheduling: a request whose tenant was at its
+//! cap then is *deferred*, every other waiting request waits for *capacity*. Re-reading the
+//! tenant ledger after the step's finishes released their slots would call a deferred
+//! request a capacity one for exactly the moment between two steps.
 
 mod request;
 
@@ -103,6 +109,8 @@ pub struct Scheduler {
     step: u64,
     outputs: Vec<RequestStepOutput>,
     counters: StepCounters,
+    /// Waiting requests whose tenant was at its cap when the last step was planned.
+    deferred_at_schedule: usize,
 }
 
 impl Scheduler {
@@ -123,6 +131,7 @@ impl Scheduler {
             step: 0,
             outputs: Vec::new(),
             counters: StepCounters::default(),
+            deferred_at_schedule: 0,
         }
     }
 
@@ -269,6 +278,7 @@ impl Scheduler {
             let req = self.requests.get_mut(&id).expect("waiting request exists");
             req.holds_tenant_slot = req.tenant.is_some();
             req.num_computed = prefix.num_tokens;
+            req.num_cached = prefix.num_tokens;
             req.status = Status::Running;
             let first = !req.started;
             if first {
@@ -290,7 +300,17 @@ impl Scheduler {
             budget -= num_new;
         }
         out.num_tokens = self.cfg.max_num_batched_tokens - budget;
+        self.deferred_at_schedule = self.count_deferred();
         out
+    }
+
+    /// Waiting requests whose tenant is at its cap now.
+    fn count_deferred(&self) -> usize {
+        self.tenants.count_at_cap(
+            self.waiting
+                .iter()
+                .map(|id| self.requests[id].tenant.as_ref()),
+        )
     }
 
     fn preempt(&mut self, id: RequestId, now: Instant) {
@@ -298,9 +318,13 @@ impl Scheduler {
         let req = self.requests.get_mut(&id).expect("running request exists");
         let c = &mut self.counters;
         c.preemptions += 1;
-        c.retracted_input_tokens += req.num_computed.min(req.prompt_len) as u32;
-        c.retracted_output_tokens += req.num_computed.saturating_sub(req.prompt_len) as u32;
+        // Only work this request computed is thrown away; what it found in the prefix
+        // cache when it was scheduled stays cached for others and is not retracted.
+        let (computed, cached, prompt) = (req.num_computed, req.num_cached, req.prompt_len);
+        c.retracted_input_tokens += computed.min(prompt).saturating_sub(cached) as u32;
+        c.retracted_output_tokens += computed.saturating_sub(cached.max(prompt)) as u32;
         req.num_computed = 0;
+        req.num_cached = 0;
         req.status = Status::Waiting;
         req.num_preemptions += 1;
         if req.holds_tenant_slot {
@@ -425,13 +449,11 @@ impl Scheduler {
         out_entry(&mut self.outputs, self.step, &mut req).finish = Some(reason);
     }
 
-    /// End-of-step state (gauges).
+    /// End-of-step state (gauges). Waiting requests are split by what held them when the
+    /// step was planned (see the module docs); requests added or aborted since then are
+    /// not in a published snapshot, because ranks publish only after planning.
     pub fn snapshot(&self) -> SchedulerSnapshot {
-        let deferred = self.tenants.count_at_cap(
-            self.waiting
-                .iter()
-                .map(|id| self.requests[id].tenant.as_ref()),
-        );
+        let deferred = self.deferred_at_schedule.min(self.waiting.len());
         let counts = self.kv.pool().counts();
         SchedulerSnapshot {
             running: self.running.len() as u32,

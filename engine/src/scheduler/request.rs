@@ -2,9 +2,9 @@
 
 use crate::events::RequestId;
 use crate::kv::{BlockHash, hash_block};
-use crate::rng::SplitMix64;
 use crate::sampling::SamplingParams;
 use crate::tenants::Tenant;
+use ballast_rng::SplitMix64;
 
 /// What the frontend hands to a rank: a tokenized, validated request.
 #[derive(Debug, Clone)]
@@ -41,6 +41,8 @@ pub struct Request {
     pub(crate) prompt_len: usize,
     /// Tokens whose K/V are in the cache (after a preemption: 0 again).
     pub(crate) num_computed: usize,
+    /// Of those, tokens found in the prefix cache when it was last scheduled from waiting.
+    pub(crate) num_cached: usize,
     pub(crate) sampling: SamplingParams,
     pub(crate) rng: SplitMix64,
     pub(crate) tenant: Option<Tenant>,
@@ -72,6 +74,7 @@ impl Request {
             prompt_len: r.prompt.len(),
             tokens: r.prompt,
             num_computed: 0,
+            num_cached: 0,
             sampling: r.sampling,
             rng: SplitMix64::new(r.rng_seed),
             tenant: r.tenant,

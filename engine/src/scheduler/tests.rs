@@ -359,3 +359,74 @@ proptest! {
         prop_assert_eq!(s.kv().num_requests(), 0);
     }
 }
+
+/// The snapshot after a step in which a tenant's running request finished still calls the
+/// tenant's other waiting requests deferred: they were held by the cap when the step was
+/// planned, and capacity for them existed all along.
+#[test]
+fn a_finish_between_steps_does_not_turn_deferred_into_capacity() {
+    let mut s = scheduler(cfg(32, 256, 64, 4), Some(1));
+    let mut exec = NoopExecutor { token: 1 };
+    for id in 1..=4 {
+        let r = EngineRequest {
+            tenant: Some("a".into()),
+            ..request(id, prompt(id, 4), 1)
+        };
+        s.add(r, Instant::now());
+    }
+    for remaining in (0..3).rev() {
+        let (plan, outs) = step(&mut s, &mut exec);
+        assert_eq!(plan.seqs.len(), 1, "one request of the tenant at a time");
+        assert!(
+            outs.iter().any(|o| o.finish.is_some()),
+            "the running request finished in this step and released its slot"
+        );
+        let snap = s.snapshot();
+        assert_eq!(
+            (snap.running, snap.waiting_capacity, snap.waiting_deferred),
+            (0, 0, remaining + 1),
+            "held by the tenant cap when planned, so deferred"
+        );
+    }
+    step(&mut s, &mut exec);
+    assert_eq!(s.snapshot().waiting(), 0);
+}
+
+/// Preempting a request whose prompt was partly served from the prefix cache retracts only
+/// the tokens it computed itself.
+#[test]
+fn prefix_cache_hits_are_not_retracted() {
+    let mut s = scheduler(cfg(8, 64, 5, 4), None);
+    let mut exec = NoopExecutor { token: 1 };
+    let shared = prompt(1, 8);
+    s.add(request(1, shared.clone(), 20), Instant::now());
+    step(&mut s, &mut exec);
+    let mut longer = shared.clone();
+    longer.extend(prompt(2, 4));
+    s.add(request(2, longer, 20), Instant::now());
+    step(&mut s, &mut exec);
+    assert_eq!(s.request(2).unwrap().num_cached, 8, "two blocks hit");
+    for _ in 0..20 {
+        let computed_before = s.request(2).map_or(0, |r| r.num_computed);
+        let (_, outs) = step(&mut s, &mut exec);
+        if outs
+            .iter()
+            .any(|o| o.id == 2 && o.events.first(EventKind::Preempted).is_some())
+        {
+            let c = s.take_counters();
+            assert_eq!(c.preemptions, 1);
+            assert_eq!(
+                c.retracted_input_tokens, 4,
+                "12 prompt tokens, 8 of them cached"
+            );
+            assert_eq!(
+                c.retracted_output_tokens as usize,
+                computed_before - 12,
+                "every computed output token is retracted"
+            );
+            return;
+        }
+        s.take_counters();
+    }
+    panic!("request 2 was never preempted");
+}

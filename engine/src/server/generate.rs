@@ -10,13 +10,11 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::protocol::GenParams;
-use super::stop::{StopMatcher, StopOutcome};
 use crate::engine::{Engine, RequestStream, Submission};
 use crate::events::FinishReason;
 use crate::sampling::{SampleSpec, SamplingParams};
 use crate::spans::TraceContext;
 use crate::tenants::Tenant;
-use crate::tokenizer::StreamDecoder;
 
 /// Which API shape to answer in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +78,7 @@ impl Job {
                         ignore_eos: p.ignore_eos,
                         stop_token_ids: p.stop_token_ids.clone(),
                     },
+                    stop: p.stop.clone(),
                     tenant: self.tenant.clone(),
                     arrival: self.arrival.0,
                     arrival_instant: self.arrival.1,
@@ -93,12 +92,11 @@ impl Job {
     }
 }
 
-/// Text and finish of one choice as it is produced.
+/// Text and finish of one choice as it is produced. Text, stop strings and the finish
+/// reason come from the engine's output side; the handler only shapes responses.
 struct Choice {
     index: usize,
     stream: Option<RequestStream>,
-    decoder: Box<dyn StreamDecoder>,
-    stop: StopMatcher,
     prompt_tokens: usize,
     completion_tokens: usize,
     cached_tokens: usize,
@@ -122,45 +120,18 @@ impl Choice {
             let Some(update) = stream.recv().await else {
                 // The engine went away without finishing the request.
                 self.stream = None;
-                let text = self.decoder.finish() + &self.stop.flush();
-                return Some(self.delta(text, Some(FinishReason::Abort.as_str())));
+                return Some(self.delta(String::new(), Some(FinishReason::Abort.as_str())));
             };
-            let out = update.output;
-            if let Some(c) = out.num_cached_tokens {
+            if let Some(c) = update.num_cached_tokens {
                 self.cached_tokens = c as usize;
             }
-            let mut text = String::new();
-            if let Some(token) = out.new_token {
-                self.completion_tokens += 1;
-                // A token that ended the request (EOS, a stop token) is counted but its
-                // text is not part of the output, as in vLLM.
-                let piece = if out.finish == Some(FinishReason::Stop) {
-                    String::new()
-                } else {
-                    self.decoder.push(token)
-                };
-                match self.stop.feed(&piece) {
-                    StopOutcome::Continue(t) => text = t,
-                    StopOutcome::Stopped(t) => {
-                        // Dropping the stream aborts the request in the engine.
-                        self.stream = None;
-                        return Some(self.delta(t, Some(FinishReason::Stop.as_str())));
-                    }
-                }
-            }
-            if let Some(reason) = out.finish {
+            self.completion_tokens += update.new_tokens as usize;
+            if let Some(reason) = update.finish {
                 self.stream = None;
-                match self.stop.feed(&self.decoder.finish()) {
-                    StopOutcome::Continue(t) => text.push_str(&(t + &self.stop.flush())),
-                    StopOutcome::Stopped(t) => {
-                        text.push_str(&t);
-                        return Some(self.delta(text, Some(FinishReason::Stop.as_str())));
-                    }
-                }
-                return Some(self.delta(text, Some(reason.as_str())));
+                return Some(self.delta(update.text, Some(reason.as_str())));
             }
-            if !text.is_empty() {
-                return Some(self.delta(text, None));
+            if !update.text.is_empty() {
+                return Some(self.delta(update.text, None));
             }
         }
     }
@@ -188,8 +159,6 @@ fn start(engine: &Engine, job: &Job) -> Result<Vec<Choice>, ApiError> {
         .map(|(index, (stream, prompt_tokens))| Choice {
             index,
             stream: Some(stream),
-            decoder: engine.tokenizer().stream_decoder(),
-            stop: StopMatcher::new(job.params.stop.clone()),
             prompt_tokens,
             completion_tokens: 0,
             cached_tokens: 0,

@@ -5,7 +5,6 @@ pub mod error;
 mod generate;
 mod http_metrics;
 pub mod protocol;
-mod stop;
 
 use std::time::Duration;
 
@@ -22,7 +21,8 @@ use serde_json::json;
 pub use error::ApiError;
 use generate::{Endpoint, Job, unix_now};
 use protocol::{
-    Fields, MAX_TENANT_LEN, PromptInput, parse_gen_params, parse_messages, parse_prompts,
+    Fields, MAX_CHOICES, MAX_TENANT_LEN, PromptInput, parse_gen_params, parse_messages,
+    parse_prompts,
 };
 
 use crate::engine::Engine;
@@ -31,8 +31,16 @@ use crate::spans::TraceContext;
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
 
+/// The API routes (template, method) counted by the HTTP metrics.
+const API_ROUTES: [(&str, &str); 3] = [
+    ("/v1/completions", "POST"),
+    ("/v1/chat/completions", "POST"),
+    ("/v1/models", "GET"),
+];
+
 /// The HTTP routes over `engine`.
 pub fn router(engine: Engine) -> Router {
+    engine.metrics().prepare_http(&API_ROUTES);
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -49,20 +57,25 @@ pub fn router(engine: Engine) -> Router {
         .with_state(engine)
 }
 
-/// Serves until SIGTERM or SIGINT, then drains: new requests get 503, in-flight ones
-/// finish (or are aborted after `--drain-timeout`), the rank threads stop, and it returns.
-pub async fn serve(engine: Engine, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+/// Serves until `shutdown` resolves (the binary passes SIGTERM/SIGINT), then drains: new
+/// requests get 503, in-flight ones finish (or are aborted after `--drain-timeout`), the
+/// rank threads stop, and it returns.
+pub async fn serve(
+    engine: Engine,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let app = router(engine.clone());
     axum::serve(listener, app)
-        .with_graceful_shutdown(drain_on_signal(engine.clone()))
+        .with_graceful_shutdown(drain_after(shutdown, engine.clone()))
         .await?;
     tokio::task::spawn_blocking(move || engine.shutdown())
         .await
         .map_err(std::io::Error::other)
 }
 
-async fn drain_on_signal(engine: Engine) {
-    wait_for_signal().await;
+async fn drain_after(shutdown: impl std::future::Future<Output = ()>, engine: Engine) {
+    shutdown.await;
     let timeout = engine.config().drain_timeout;
     tracing::info!(
         in_flight = engine.in_flight(),
@@ -79,28 +92,6 @@ async fn drain_on_signal(engine: Engine) {
         engine.wait_idle(Duration::from_secs(10)).await;
     }
     tracing::info!("drained");
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers; SIGTERM will not drain");
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 async fn completions(
@@ -226,6 +217,30 @@ fn prepare(
             )
         }
     };
+    let choices = prompts.len() * params.n;
+    if choices > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "at most {MAX_CHOICES} sequences per request (prompts × n), got {} × {} = {choices}",
+                prompts.len(),
+                params.n
+            ),
+        ));
+    }
+    if let Some(&bad) = params
+        .stop_token_ids
+        .iter()
+        .find(|&&t| t as usize >= tok.vocab_size())
+    {
+        return Err(ApiError::invalid(
+            "stop_token_ids",
+            format!(
+                "token id {bad} is out of range (vocabulary size {})",
+                tok.vocab_size()
+            ),
+        ));
+    }
     let max_len = cfg.max_model_len();
     let prompt_param = match endpoint {
         Endpoint::Completions => "prompt",

@@ -13,8 +13,17 @@ use crate::tokenizer::ChatMessage;
 
 /// Most prompts per completion request, and most choices (`n`).
 pub const MAX_FAN_OUT: usize = 128;
+/// Most sequences one request may start: prompts × `n`. Each is a request in the engine
+/// with its own KV blocks, stream and text state.
+pub const MAX_CHOICES: usize = 128;
 /// Most stop strings.
 pub const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes (each generated token is matched against every stop
+/// string's prefixes).
+pub const MAX_STOP_STRING_BYTES: usize = 256;
+/// Most `stop_token_ids` (each is masked while `min_tokens` is not reached, and compared
+/// with every generated token).
+pub const MAX_STOP_TOKEN_IDS: usize = 128;
 /// Longest tenant name (it keys an in-memory map).
 pub const MAX_TENANT_LEN: usize = 256;
 
@@ -289,6 +298,25 @@ pub fn parse_gen_params(f: &Fields, max_tokens_fields: &[&str]) -> Result<GenPar
             format!("`stop` takes at most {MAX_STOP_STRINGS} non-empty strings"),
         ));
     }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "each `stop` string must have at most {MAX_STOP_STRING_BYTES} bytes, one has {}",
+                long.len()
+            ),
+        ));
+    }
+    let stop_token_ids = f.get::<Vec<u32>>("stop_token_ids")?.unwrap_or_default();
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::invalid(
+            "stop_token_ids",
+            format!(
+                "`stop_token_ids` takes at most {MAX_STOP_TOKEN_IDS} ids, got {}",
+                stop_token_ids.len()
+            ),
+        ));
+    }
     let user = f.get::<String>("user")?;
     if user.as_ref().is_some_and(|u| u.len() > MAX_TENANT_LEN) {
         return Err(ApiError::invalid(
@@ -331,7 +359,7 @@ pub fn parse_gen_params(f: &Fields, max_tokens_fields: &[&str]) -> Result<GenPar
         stream,
         include_usage,
         stop,
-        stop_token_ids: f.get::<Vec<u32>>("stop_token_ids")?.unwrap_or_default(),
+        stop_token_ids,
         seed,
         user,
         ignore_eos: f.get::<bool>("ignore_eos")?.unwrap_or(false),

@@ -77,10 +77,16 @@ pub struct FinishedRequestStats {
     pub inference: Duration,
     /// decode / (generated − 1); `None` with one token or fewer.
     pub tpot: Option<Duration>,
-    /// Prompt tokens.
+    /// Prompt tokens processed: the whole prompt (cache hits included) once its prefill
+    /// completed, 0 for a request that ended before, exactly what `prompt_tokens_total`
+    /// counted for it.
     pub prompt_tokens: u32,
-    /// Generated tokens.
+    /// Generated tokens delivered (what `generation_tokens_total` counted for it).
     pub generation_tokens: u32,
+    /// It was scheduled at least once (its queue time is real).
+    pub scheduled: bool,
+    /// Its prefill completed: it produced a first token.
+    pub prefilled: bool,
     /// Prompt tokens from the prefix cache.
     pub cached_tokens: u32,
     /// Times preempted.
@@ -185,8 +191,14 @@ impl RequestTimeline {
             decode,
             inference: prefill + decode,
             tpot,
-            prompt_tokens: self.prompt_len,
+            prompt_tokens: if self.first_token_ts.is_some() {
+                self.prompt_len
+            } else {
+                0
+            },
             generation_tokens: self.num_generated,
+            scheduled: self.scheduled_ts.is_some(),
+            prefilled: self.first_token_ts.is_some(),
             cached_tokens: self.num_cached_tokens,
             num_preemptions: self.num_preemptions,
         }

@@ -139,7 +139,10 @@ pub fn load(file: &std::path::Path) -> Result<Vec<InferenceService>, LocalError>
 }
 
 /// Runs `ballast local` until Ctrl-C, SIGTERM or `--duration`.
-pub async fn run(args: LocalArgs) -> Result<(), LocalError> {
+pub async fn run(
+    args: LocalArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), LocalError> {
     let services = load(&args.file)?;
     let engine_bin = match &args.engine_bin {
         Some(p) => p.clone(),
@@ -231,7 +234,7 @@ pub async fn run(args: LocalArgs) -> Result<(), LocalError> {
         }
     };
     tokio::select! {
-        _ = wait_for_signal() => tracing::info!(target: "ballast::local", "stopping: draining every replica"),
+        _ = shutdown => tracing::info!(target: "ballast::local", "stopping: draining every replica"),
         _ = deadline => tracing::info!(target: "ballast::local", "--duration reached: draining every replica"),
         _ = demo_done => tracing::info!(target: "ballast::local", "demo finished and the fleet is back at its minimum: stopping"),
     }
@@ -250,18 +253,4 @@ fn settled(status: &admin::StatusMap, min: &std::collections::BTreeMap<String, i
             .get(name)
             .is_some_and(|s| s.desired_replicas == m && s.replicas == m && s.ready_replicas == m)
     })
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

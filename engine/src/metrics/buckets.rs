@@ -85,8 +85,11 @@ impl Family {
                 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 1.0,
             ],
+            // SGLang's ladder for dp_attention_token_imbalance_ratio, whole: dense near 1
+            // (balanced) and reaching 64 ranks with one busy rank.
             Family::DpImbalanceRatio => vec![
-                1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0, 64.0,
+                1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0,
+                64.0,
             ],
             Family::HttpRequestDuration => vec![
                 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -190,6 +193,14 @@ mod tests {
                 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 1.0
             ]
+        );
+        assert_eq!(
+            b.get(Family::DpImbalanceRatio),
+            vec![
+                1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0,
+                64.0
+            ],
+            "SGLang's ladder, whole"
         );
         let ttft = b.get(Family::TimeToFirstToken);
         assert!(

@@ -12,9 +12,16 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+pub mod buckets;
+
+use buckets::{Buckets, Family};
+
 use crate::admission::RejectReason;
 use crate::events::FinishReason;
-use crate::stats::buckets::{Buckets, Family};
+
+/// The statuses whose `http_requests_total` series exist from start-up for every API route:
+/// success, a bad request, admission (429) and draining or a stopped core (503).
+pub const STATUSES_FROM_START: [&str; 4] = ["200", "400", "429", "503"];
 
 /// What the registry needs to know about the engine.
 #[derive(Debug, Clone)]
@@ -527,6 +534,22 @@ impl EngineMetrics {
     pub fn observe_rejection(&self, reason: RejectReason) {
         if let Some((_, c)) = self.rejections.iter().find(|(r, _)| *r == reason) {
             c.inc();
+        }
+    }
+
+    /// Creates the HTTP series of the API routes at zero, so they exist from start-up: the
+    /// duration histogram of each (route, method), and the request counter for the statuses
+    /// every route can answer with ([`STATUSES_FROM_START`]). Other statuses appear when
+    /// first seen.
+    pub fn prepare_http(&self, routes: &[(&str, &str)]) {
+        let m = self.model_name.as_str();
+        for &(endpoint, method) in routes {
+            let _ = self.http_duration.with_label_values(&[m, endpoint, method]);
+            for status in STATUSES_FROM_START {
+                let _ = self
+                    .http_requests
+                    .with_label_values(&[m, endpoint, method, status]);
+            }
         }
     }
 

@@ -1,5 +1,74 @@
-//! Stop strings over streamed text: text that might be the start of a stop string is held
-//! back until it is known not to be one, and the stop string itself is never emitted.
+//! A request's output text as it is produced: incremental detokenization and stop strings.
+//!
+//! This runs on the output side (the compute layer), not in the HTTP handler: the step
+//! whose token completes a stop string is the request's last, so the request is finished
+//! there with `stop`, its counts and latencies are recorded once, and no token the engine
+//! produced after the match is counted or sent.
+//!
+//! Text that might be the start of a stop string is held back until it is known not to be
+//! one, and the stop string itself is never emitted.
+
+use crate::tokenizer::StreamDecoder;
+
+/// One request's text: its decoder and its stop strings.
+pub struct TextStream {
+    decoder: Box<dyn StreamDecoder>,
+    stop: StopMatcher,
+}
+
+/// What one token or the end of generation produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextStep {
+    /// Text safe to send now (possibly empty).
+    pub text: String,
+    /// A stop string matched: the request ends here with `stop`.
+    pub stopped: bool,
+}
+
+impl TextStream {
+    /// A stream decoding with `decoder` and watching for `stops` (non-empty strings).
+    pub fn new(decoder: Box<dyn StreamDecoder>, stops: Vec<String>) -> Self {
+        Self {
+            decoder,
+            stop: StopMatcher::new(stops),
+        }
+    }
+
+    /// A generated token. A token that itself ended the request (EOS, a stop token) is
+    /// counted by the caller but has no text, as in vLLM: pass `is_stop_token`.
+    pub fn token(&mut self, token: u32, is_stop_token: bool) -> TextStep {
+        let piece = if is_stop_token {
+            String::new()
+        } else {
+            self.decoder.push(token)
+        };
+        match self.stop.feed(&piece) {
+            StopOutcome::Continue(text) => TextStep {
+                text,
+                stopped: false,
+            },
+            StopOutcome::Stopped(text) => TextStep {
+                text,
+                stopped: true,
+            },
+        }
+    }
+
+    /// Generation ended for another reason: the rest of the text, unless what the decoder
+    /// still held completes a stop string.
+    pub fn finish(&mut self) -> TextStep {
+        match self.stop.feed(&self.decoder.finish()) {
+            StopOutcome::Continue(text) => TextStep {
+                text: text + &self.stop.flush(),
+                stopped: false,
+            },
+            StopOutcome::Stopped(text) => TextStep {
+                text,
+                stopped: true,
+            },
+        }
+    }
+}
 
 /// Watches one choice's text for its stop strings.
 #[derive(Debug, Clone, Default)]
