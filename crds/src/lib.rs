@@ -411,6 +411,25 @@ pub enum Action {
     Hold,
 }
 
+impl Action {
+    /// The CamelCase word, as in `status.lastDecision.action` (the serde form) and the
+    /// `action` label of `ballast_operator_decisions_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::ScaleUp => "ScaleUp",
+            Action::ScaleDown => "ScaleDown",
+            Action::Rebalance => "Rebalance",
+            Action::Hold => "Hold",
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A decision with its explanation.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
