@@ -762,16 +762,46 @@ pub fn crd_yaml() -> String {
     )
 }
 
+/// Why a YAML file did not give InferenceServices.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// The text is not YAML (a syntax error, a tab in the indentation, a bad anchor…); the
+    /// message says where.
+    #[error("invalid YAML: {0}")]
+    Yaml(#[from] serde_saphyr::Error),
+    /// A document is YAML but not an InferenceService of this version: a required field is
+    /// missing, a field has the wrong type, or an enum value is unknown.
+    #[error("document {document} is not a valid ballast.dev/v1alpha1 InferenceService: {source}")]
+    NotAnInferenceService {
+        /// The document's position among the file's non-empty documents, from 1.
+        document: usize,
+        /// What serde found wrong, with the field's name.
+        source: serde_json::Error,
+    },
+}
+
+impl ParseError {
+    /// A stable, low-cardinality label for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ParseError::Yaml(_) => "yaml",
+            ParseError::NotAnInferenceService { .. } => "not_an_inference_service",
+        }
+    }
+}
+
 /// Parses one or more `---`-separated YAML documents into resources, skipping empty ones.
-pub fn parse_yaml(text: &str) -> Result<Vec<InferenceService>, String> {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| format!("invalid YAML: {e}"))?;
+pub fn parse_yaml(text: &str) -> Result<Vec<InferenceService>, ParseError> {
+    // serde-saphyr already skips empty and `null` documents.
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(text)?;
     docs.into_iter()
         .filter(|v| !v.is_null())
         .enumerate()
         .map(|(i, v)| {
-            serde_json::from_value(v)
-                .map_err(|e| format!("document {}: not an InferenceService: {e}", i + 1))
+            serde_json::from_value(v).map_err(|source| ParseError::NotAnInferenceService {
+                document: i + 1,
+                source,
+            })
         })
         .collect()
 }
