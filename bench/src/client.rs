@@ -161,9 +161,13 @@ fn is_loopback(base_url: &str) -> bool {
 
 /// Builds the shared HTTP client (connection pool, default headers).
 pub(crate) fn build_client(config: &Config) -> Result<reqwest::Client, BenchError> {
-    // reqwest is built without a bundled crypto provider; installing fails
-    // harmlessly when the host program already installed one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // reqwest is built without a bundled crypto provider: the program chooses one (the
+    // `ballast` binary does in main). Without it reqwest would panic here.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        return Err(BenchError::Client(
+            "no TLS crypto provider is installed; the program must install one first".into(),
+        ));
+    }
     let mut builder = reqwest::Client::builder().default_headers(config.headers.clone());
     if is_loopback(&config.base_url) {
         // A proxy in the environment would distort local latency numbers.

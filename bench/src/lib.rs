@@ -19,6 +19,8 @@
 //!     bench: ballast_bench::BenchArgs,
 //! }
 //!
+//! // The program picks the TLS crypto provider once (the `ballast` binary does in main).
+//! let _ = rustls::crypto::ring::default_provider().install_default();
 //! let cli = Cli::parse_from(["bench", "--model", "m", "--rate", "4", "--duration", "60", "--stream"]);
 //! let report = ballast_bench::run(cli.bench).await?;
 //! println!("{:.2} req/s", report.req_per_s);

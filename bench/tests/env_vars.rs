@@ -83,6 +83,7 @@ async fn flags_fall_back_to_ballast_bench_env_vars() {
         "--num-requests",
         "2",
     ];
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let report = ballast_bench::run(Cli::try_parse_from(argv).unwrap().args)
         .await
         .unwrap();

@@ -231,6 +231,8 @@ struct Cli {
 
 /// Flags for `url`; `flags` is split at whitespace.
 fn args(url: &str, flags: &str) -> BenchArgs {
+    // The program chooses the TLS provider (the `ballast` binary does in main).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let argv = ["bench", "--url", url, "--no-progress"]
         .into_iter()
         .chain(flags.split_whitespace());

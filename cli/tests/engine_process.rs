@@ -246,3 +246,81 @@ async fn grpc_control_port_is_announced_and_serves() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// One tenant capped at one running request, twelve of its clients in a loop, and a
+/// scraper reading `/metrics` every 10 ms: no published snapshot may show a request
+/// waiting for capacity while the batch has free slots and free KV. Every waiting request
+/// is deferred, whatever moment the scrape falls on (in particular between one request
+/// finishing and the next starting).
+#[test]
+fn deferred_waiting_is_never_reported_as_capacity() {
+    let engine = spawn_engine(&[
+        "--max-running-per-tenant",
+        "1",
+        "--max-num-seqs",
+        "32",
+        "--max-model-len",
+        "256",
+    ]);
+    let load = ballast()
+        .args(["bench", "--url", &engine.base, "--concurrency", "12"])
+        .args(["--duration", "6", "--tenants", "1"])
+        .args(["--input-len", "8", "--output-len", "4", "--ignore-eos"])
+        .arg("--no-progress")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (scrapes, busy) = runtime.block_on(async {
+        let c = client();
+        let gauge = |text: &str, series: &str| {
+            text.lines()
+                .find(|l| l.starts_with(series))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {series}"))
+        };
+        let series = |name: &str, extra: &str| {
+            format!("ballast_{name}{{engine=\"0\",model_name=\"synthetic:tiny\"{extra}}}")
+        };
+        let (mut scrapes, mut busy) = (0, 0);
+        let start = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        while start.elapsed() < Duration::from_secs(5) {
+            tick.tick().await;
+            let text = c
+                .get(format!("{}/metrics", engine.base))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            scrapes += 1;
+            let capacity = gauge(&text, &series("num_requests_waiting_by_reason", ",reason=\"capacity\""));
+            let deferred = gauge(&text, &series("num_requests_waiting_by_reason", ",reason=\"deferred\""));
+            let running = gauge(&text, &series("num_requests_running", ""));
+            let kv = gauge(&text, &series("kv_cache_usage_ratio", ""));
+            assert!(running <= 1.0, "the tenant cap holds: {running} running");
+            if running < 32.0 && kv < 1.0 {
+                assert_eq!(
+                    capacity, 0.0,
+                    "scrape {scrapes}: {capacity} waiting for capacity with free slots and KV ({deferred} deferred, {running} running)"
+                );
+            }
+            busy += (deferred > 0.0) as u32;
+        }
+        (scrapes, busy)
+    });
+    let status = wait_exit(&mut { load }, Duration::from_secs(30));
+    assert!(status.success());
+    assert!(scrapes > 100, "{scrapes} scrapes");
+    assert!(
+        busy > scrapes / 2,
+        "the load kept the tenant's requests deferred: {busy} of {scrapes} scrapes"
+    );
+}

@@ -105,6 +105,32 @@ fn get(url: &str) -> Option<String> {
 }
 
 impl Local {
+    /// One service's replicas from `/replicas`.
+    fn replicas(&self, name: &str) -> Vec<Value> {
+        let text = get(&format!("{}/replicas", self.admin)).unwrap_or_default();
+        serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)[name]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// One replica from `/replicas`, waiting until it announced its addresses.
+    fn replica(&self, replica: &str) -> Value {
+        let service = replica.rsplit_once('-').unwrap().0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(r) = self
+                .replicas(service)
+                .into_iter()
+                .find(|r| r["name"] == replica && r["url"].is_string())
+            {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "no replica {replica}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn status(&self, name: &str) -> Value {
         let text = get(&format!("{}/status", self.admin)).unwrap_or_default();
         serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)[name].clone()
@@ -117,7 +143,7 @@ impl Local {
         name: &str,
         timeout: Duration,
         what: &str,
-        pred: impl Fn(&Value) -> bool,
+        mut pred: impl FnMut(&Value) -> bool,
     ) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
@@ -267,29 +293,63 @@ fn a_tenant_capped_workload_holds_with_a_deferred_reason() {
     );
 }
 
+/// The pid of a replica: the child process of `ballast local` whose command line has the
+/// control port `/replicas` lists for it.
+fn replica_pid(local: &Local, replica: &str) -> String {
+    let children = Command::new("pgrep")
+        .args(["-P", &local.child.id().to_string()])
+        .output()
+        .unwrap();
+    let grpc = local.replica(replica)["grpc"]
+        .as_str()
+        .expect("replica announced its control API")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+    String::from_utf8_lossy(&children.stdout)
+        .lines()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .is_ok_and(|cmd| cmd.contains(&format!("--grpc-port {grpc} ")))
+        })
+        .unwrap_or_else(|| panic!("no process for {replica}"))
+        .to_string()
+}
+
+fn signal(pid: &str, sig: &str) {
+    assert!(
+        Command::new("kill")
+            .args([sig, pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// kill -9 of a replica under load: the requests it held fail before any byte reached
+/// their clients, so the router retries them on the other replica; no client sees an
+/// error, and the dead replica is replaced.
 #[test]
-fn a_replica_killed_with_sigkill_is_replaced() {
+fn a_replica_killed_under_load_fails_no_request_and_is_replaced() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let local = start(&FLEET.replace("minReplicas: 1", "minReplicas: 2"));
     local.wait_status("chat", Duration::from_secs(30), "two ready replicas", |s| {
         s["readyReplicas"] == 2
     });
-    let children = Command::new("pgrep")
-        .args(["-P", &local.child.id().to_string()])
-        .output()
-        .unwrap();
-    let pid = String::from_utf8_lossy(&children.stdout)
-        .lines()
-        .next()
-        .expect("a replica process")
-        .to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-9", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    let (bench, json) = local.bench(&[
+        "--concurrency",
+        "6",
+        "--duration",
+        "8",
+        "--input-len",
+        "16",
+        "--output-len",
+        "200",
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&replica_pid(&local, "chat-0"), "-9");
     let s = local.wait_status("chat", Duration::from_secs(30), "a replacement", |s| {
         s["readyReplicas"] == 2
             && s["conditions"].as_array().is_some_and(|c| {
@@ -298,6 +358,265 @@ fn a_replica_killed_with_sigkill_is_replaced() {
             })
     });
     assert_eq!(s["desiredReplicas"], 2);
+    let r = report(bench, &json);
+    assert_eq!(r["requests"]["failed"], 0, "retried, not failed: {r:#}");
+    assert!(r["requests"]["ok"].as_u64().unwrap() > 6, "{r:#}");
+    let names: Vec<String> = local
+        .replicas("chat")
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!names.contains(&"chat-0".to_string()), "{names:?}");
+}
+
+/// A replica that stops answering (SIGSTOP: alive, silent) is found by its `/health`
+/// polls, taken out, killed and replaced; meanwhile the control loop keeps deciding on
+/// schedule: its scrape and control calls to the hung replica are bounded by timeouts.
+#[test]
+fn a_hung_replica_is_replaced_and_the_control_loop_goes_on() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let local = start(&FLEET.replace("minReplicas: 1", "minReplicas: 2"));
+    local.wait_status("chat", Duration::from_secs(30), "two ready replicas", |s| {
+        s["readyReplicas"] == 2 && s["lastDecision"]["time"].is_string()
+    });
+    let pid = replica_pid(&local, "chat-1");
+    signal(&pid, "-STOP");
+    let hung_at = Instant::now();
+    let mut decisions = std::collections::BTreeSet::new();
+    let s = local.wait_status(
+        "chat",
+        Duration::from_secs(30),
+        "the hung replica replaced",
+        |s| {
+            if let Some(t) = s["lastDecision"]["time"].as_str() {
+                decisions.insert(t.to_string());
+            }
+            s["readyReplicas"] == 2
+                && s["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Degraded" && c["reason"] == "ReplicaUnhealthy")
+                })
+        },
+    );
+    let took = hung_at.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "replacement took {took:?}: {s:#}"
+    );
+    assert!(
+        decisions.len() >= 2,
+        "decisions went on while a replica hung: {decisions:?}"
+    );
+    // The hung process is killed after its grace period, not left behind.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::path::Path::new(&format!("/proc/{pid}/stat")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| !st.contains(") Z "))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "hung replica {pid} still running"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (bench, json) = local.bench(&[
+        "--num-requests",
+        "8",
+        "--concurrency",
+        "4",
+        "--output-len",
+        "8",
+    ]);
+    assert_eq!(report(bench, &json)["requests"]["failed"], 0);
+}
+
+/// Requests sent the moment `ballast local` announces its router wait for the first
+/// replica instead of failing, and `/status` lists the service from that moment on.
+#[test]
+fn requests_at_start_up_wait_for_the_first_replica() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let local = start(FLEET);
+    let s = local.status("chat");
+    assert_eq!(
+        s["desiredReplicas"], 1,
+        "listed before any replica is ready: {s:#}"
+    );
+    assert_eq!(s["readyReplicas"], 0, "{s:#}");
+    let (bench, json) = local.bench(&[
+        "--num-requests",
+        "8",
+        "--concurrency",
+        "8",
+        "--output-len",
+        "8",
+    ]);
+    let r = report(bench, &json);
+    assert_eq!(r["requests"]["ok"], 8, "{r:#}");
+    assert_eq!(r["requests"]["failed"], 0, "{r:#}");
+}
+
+/// The router takes what an engine takes, no more, no less: a body just under the
+/// engine's limit reaches the replica (which answers for itself), one over it gets the
+/// router's 413 with a JSON body.
+#[test]
+fn the_router_body_limit_is_the_engines() {
+    assert_eq!(
+        ballast_operator::local::router::MAX_BODY_BYTES,
+        ballast_engine::server::MAX_BODY_BYTES
+    );
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let local = start(FLEET);
+    local.wait_status("chat", Duration::from_secs(30), "one ready replica", |s| {
+        s["readyReplicas"] == 1
+    });
+    let limit = ballast_engine::server::MAX_BODY_BYTES;
+    let body = |len: usize| {
+        let prompt = "x".repeat(len - 40);
+        format!(r#"{{"prompt":"{prompt}","max_tokens":1}}"#)
+    };
+    let post = |payload: String| {
+        let file = local.dir.join("body.json");
+        std::fs::write(&file, payload).unwrap();
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-m",
+                "60",
+                "-D",
+                "-",
+                "-H",
+                "content-type: application/json",
+            ])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.display()))
+            .arg(format!("{}/v1/completions", local.router))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let under = post(body(limit - 1024));
+    assert!(
+        under.contains("x-ballast-replica: chat-0"),
+        "reached the replica: {under}"
+    );
+    assert!(under.contains("context_length_exceeded"), "{under}");
+    let over = post(body(limit + 1024));
+    assert!(over.starts_with("HTTP/1.1 413"), "{over}");
+    assert!(over.contains("\"body_too_large\""), "{over}");
+}
+
+/// A replica made hot by long-context load sent to it directly leaves the router's
+/// rotation while the fleet has headroom, never below minAccepting, and returns once it
+/// cools; each step is a decision that says so.
+#[test]
+fn a_hot_replica_leaves_rotation_and_returns_when_cool() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let local = start(
+        r#"
+apiVersion: ballast.dev/v1alpha1
+kind: InferenceService
+metadata: {name: chat}
+spec:
+  model: {source: "synthetic:tiny"}
+  engine: {maxNumSeqs: 8}
+  autoscaling:
+    minReplicas: 2
+    maxReplicas: 2
+    targets: {capacityWaitingPerReplica: 8, kvCacheUsage: 0.99}
+  rebalancing: {hotKvCacheUsage: 0.5, coolFraction: 0.8, minAccepting: 1}
+  metrics: {scrapeIntervalSeconds: 1, scrapeTimeoutSeconds: 1}
+"#,
+    );
+    local.wait_status("chat", Duration::from_secs(30), "two ready replicas", |s| {
+        s["readyReplicas"] == 2 && s["acceptingReplicas"] == 2
+    });
+    let pin = |replica: &str, seconds: &str| {
+        let url = local.replica(replica)["url"].as_str().unwrap().to_string();
+        ballast()
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--concurrency",
+                "2",
+                "--duration",
+                seconds,
+            ])
+            .args([
+                "--input-len",
+                "380",
+                "--output-len",
+                "100",
+                "--ignore-eos",
+                "--no-progress",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut hot0 = pin("chat-0", "25");
+    let s = local.wait_status(
+        "chat",
+        Duration::from_secs(20),
+        "chat-0 out of rotation",
+        |s| s["acceptingReplicas"] == 1 && s["lastDecision"]["reason"] == "ReplicaHot",
+    );
+    assert_eq!(s["lastDecision"]["action"], "Rebalance", "{s:#}");
+    let message = s["lastDecision"]["message"].as_str().unwrap();
+    assert!(message.contains("chat-0 hot (KV"), "{message}");
+    let out: Vec<Value> = local.replicas("chat");
+    assert!(
+        out.iter()
+            .any(|r| r["name"] == "chat-0" && r["accepting"] == false),
+        "{out:?}"
+    );
+    // The router sends new traffic to the other replica only.
+    for _ in 0..3 {
+        let head = Command::new("curl")
+            .args(["-s", "-m", "20", "-D", "-", "-o", "/dev/null"])
+            .args(["-d", r#"{"prompt":"hi","max_tokens":2}"#])
+            .arg(format!("{}/v1/completions", local.router))
+            .output()
+            .unwrap();
+        let head = String::from_utf8_lossy(&head.stdout);
+        assert!(head.contains("x-ballast-replica: chat-1"), "{head}");
+    }
+    // Both hot: the second stays in rotation so that one replica always accepts.
+    let mut hot1 = pin("chat-1", "8");
+    local.wait_status(
+        "chat",
+        Duration::from_secs(20),
+        "chat-1 kept in rotation",
+        |s| {
+            s["lastDecision"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("chat-1 hot but kept in rotation to keep 1 accepting"))
+        },
+    );
+    for _ in 0..10 {
+        assert_eq!(
+            local.status("chat")["acceptingReplicas"],
+            1,
+            "never below minAccepting"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Load gone: chat-0 cools and returns.
+    let _ = hot0.kill();
+    let _ = hot0.wait();
+    let _ = hot1.kill();
+    let _ = hot1.wait();
+    let s = local.wait_status(
+        "chat",
+        Duration::from_secs(20),
+        "chat-0 back in rotation",
+        |s| s["acceptingReplicas"] == 2,
+    );
+    let decisions = get(&format!("{}/metrics", local.admin)).unwrap();
+    assert!(
+        decisions.contains("ballast_operator_decisions_total{action=\"Rebalance\",name=\"chat\",reason=\"ReplicaCooled\"}"),
+        "{decisions}\n{s:#}"
+    );
 }
 
 #[test]

@@ -10,3 +10,4 @@ pub mod decide;
 pub mod local;
 pub mod scrape;
 pub mod signals;
+pub mod status;

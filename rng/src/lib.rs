@@ -167,11 +167,8 @@ mod tests {
         );
         let mean = sum / n as f64;
         assert!((mean - 0.5).abs() < 0.01, "mean {mean}");
-        assert_eq!(
-            r.inclusive(0, u64::MAX) & 0,
-            0,
-            "the full range does not overflow"
-        );
+        // The full range does not overflow the span computation.
+        let _ = r.inclusive(0, u64::MAX);
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! replicas are scraped, the shared decision core decides, and the runtime acts: start
 //! processes to scale up, drain then stop them to scale down, take hot replicas out of the
 //! router's rotation and shift DP weights over the control API to rebalance.
-//! `--admin-port` serves the operator's own `/metrics` and `GET /status`.
+//! `--admin-port` serves the operator's own `/metrics`, `GET /status` (each service's
+//! status as the CRD holds it) and `GET /replicas` (each replica's phase and addresses).
 
 pub mod admin;
 mod demo;
+pub mod fleet;
 pub mod replica;
 pub mod router;
 mod service;
@@ -82,63 +84,139 @@ pub enum ViewMode {
 /// Why `ballast local` could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
-    /// The file or a resource in it is not usable (exit code 2).
-    #[error("{0}")]
-    Spec(String),
-    /// A port or process could not be set up (exit code 1).
+    /// The file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not InferenceService YAML.
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        source: Box<ballast_crds::ParseError>,
+    },
+    /// The file holds no resource.
+    #[error("{}: no InferenceService in the file", path.display())]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A resource has no `metadata.name`.
+    #[error("an InferenceService has no metadata.name")]
+    Unnamed,
+    /// Two resources share a name.
+    #[error("two InferenceServices are named {0}")]
+    DuplicateName(String),
+    /// A resource breaks a rule of the CRD (the messages the API server would give).
+    #[error("{name}: {}", errors.join("; "))]
+    Invalid {
+        /// The resource.
+        name: String,
+        /// Each broken rule.
+        errors: Vec<String>,
+    },
+    /// The resource asks for an engine the local runtime cannot start.
+    #[error(
+        "{name}: the local runtime starts ballast engines only (engine.kind {kind}); vLLM and SGLang fleets run on Kubernetes"
+    )]
+    UnsupportedEngine {
+        /// The resource.
+        name: String,
+        /// `vllm` or `sglang`.
+        kind: String,
+    },
+    /// A port cannot be bound.
+    #[error("cannot listen on {addr} ({flag}): {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The flag that chose it.
+        flag: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No TLS crypto provider is installed (the `ballast` binary installs one in `main`).
+    #[error(
+        "no TLS crypto provider is installed; the program must install one before running ballast local"
+    )]
+    NoCryptoProvider,
+    /// The router cannot start.
+    #[error(transparent)]
+    Router(#[from] router::RouterError),
+    /// An HTTP client cannot be built.
+    #[error("cannot build an HTTP client: {0}")]
+    Client(reqwest::Error),
+    /// Another I/O failure (the log directory, the binary's path).
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
 impl LocalError {
-    /// Process exit code (2 bad input, 1 runtime failure).
+    /// Process exit code: 2 for a file or resource that is not usable, 1 for a runtime
+    /// failure.
     pub fn exit_code(&self) -> i32 {
         match self {
-            LocalError::Spec(_) => 2,
-            LocalError::Io(_) => 1,
+            LocalError::Read { .. }
+            | LocalError::Parse { .. }
+            | LocalError::Empty { .. }
+            | LocalError::Unnamed
+            | LocalError::DuplicateName(_)
+            | LocalError::Invalid { .. }
+            | LocalError::UnsupportedEngine { .. } => 2,
+            LocalError::Listen { .. }
+            | LocalError::NoCryptoProvider
+            | LocalError::Router(_)
+            | LocalError::Client(_)
+            | LocalError::Io(_) => 1,
         }
     }
 }
 
 /// Reads and validates the resources of `file`.
 pub fn load(file: &std::path::Path) -> Result<Vec<InferenceService>, LocalError> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| LocalError::Spec(format!("cannot read {}: {e}", file.display())))?;
-    let services = ballast_crds::parse_yaml(&text)
-        .map_err(|e| LocalError::Spec(format!("{}: {e}", file.display())))?;
+    let text = std::fs::read_to_string(file).map_err(|source| LocalError::Read {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let services = ballast_crds::parse_yaml(&text).map_err(|source| LocalError::Parse {
+        path: file.to_path_buf(),
+        source: Box::new(source),
+    })?;
     if services.is_empty() {
-        return Err(LocalError::Spec(format!(
-            "{}: no InferenceService in the file",
-            file.display()
-        )));
+        return Err(LocalError::Empty {
+            path: file.to_path_buf(),
+        });
     }
     let mut names = std::collections::BTreeSet::new();
     for s in &services {
         let name = s.metadata.name.clone().unwrap_or_default();
         if name.is_empty() {
-            return Err(LocalError::Spec(
-                "an InferenceService has no metadata.name".into(),
-            ));
+            return Err(LocalError::Unnamed);
         }
         if !names.insert(name.clone()) {
-            return Err(LocalError::Spec(format!(
-                "two InferenceServices are named {name}"
-            )));
+            return Err(LocalError::DuplicateName(name));
         }
-        s.spec
-            .validate()
-            .map_err(|errs| LocalError::Spec(format!("{name}: {}", errs.join("; "))))?;
+        s.spec.validate().map_err(|errors| LocalError::Invalid {
+            name: name.clone(),
+            errors,
+        })?;
         if s.spec.engine.kind != EngineKind::Ballast {
-            return Err(LocalError::Spec(format!(
-                "{name}: the local runtime starts ballast engines only (engine.kind {:?}); vLLM and SGLang fleets run on Kubernetes",
-                s.spec.engine.kind
-            )));
+            return Err(LocalError::UnsupportedEngine {
+                name,
+                kind: format!("{:?}", s.spec.engine.kind).to_lowercase(),
+            });
         }
     }
     Ok(services)
 }
 
-/// Runs `ballast local` until Ctrl-C, SIGTERM or `--duration`.
+/// Runs `ballast local` until `shutdown` resolves (the binary passes SIGTERM/SIGINT),
+/// `--duration` passes, or the `--demo` ends with the fleet back at its minimum.
 pub async fn run(
     args: LocalArgs,
     shutdown: impl std::future::Future<Output = ()>,
@@ -153,14 +231,14 @@ pub async fn run(
         None => std::env::temp_dir().join(format!("ballast-local-{}", std::process::id())),
     };
     std::fs::create_dir_all(&log_dir)?;
-    let bind = |port: u16, what: &str| {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        return Err(LocalError::NoCryptoProvider);
+    }
+    let bind = |port: u16, flag: &'static str| async move {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let what = what.to_string();
-        async move {
-            tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                std::io::Error::new(e.kind(), format!("cannot listen on {addr} ({what}): {e}"))
-            })
-        }
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| LocalError::Listen { addr, flag, source })
     };
     let router_listener = bind(args.port, "--port").await?;
     let admin_listener = bind(args.admin_port, "--admin-port").await?;
@@ -170,30 +248,29 @@ pub async fn run(
     let routes = Arc::new(router::RouteTable::default());
     let metrics = Arc::new(admin::OperatorMetrics::new());
     let status: admin::StatusMap = Arc::default();
+    let replicas: admin::ReplicaMap = Arc::default();
     let header = format!(
         "ballast local: router http://{router_addr}  admin http://{admin_addr}/status  logs {}",
         log_dir.display()
     );
-    // Printed (not logged) so scripts and tests can read the ports.
-    println!("ballast local router listening on http://{router_addr}");
-    println!("ballast local admin listening on http://{admin_addr}");
     let view = Arc::new(Mutex::new(view::View::new(
         args.view == ViewMode::Auto,
         header,
     )));
+    let health_client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(LocalError::Client)?;
     let shared = Shared {
         engine_bin,
         log_dir,
         routes: Arc::clone(&routes),
         metrics: Arc::clone(&metrics),
         status: Arc::clone(&status),
+        replicas: Arc::clone(&replicas),
         view,
+        health_client,
     };
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move { axum::serve(router_listener, router::router(routes)).await });
-    tokio::spawn(async move { axum::serve(admin_listener, admin::router(metrics, status)).await });
-    let mut tasks = Vec::new();
     let demo_model = services[0].served_name();
     let min_replicas: std::collections::BTreeMap<String, i32> = services
         .iter()
@@ -204,11 +281,27 @@ pub async fn run(
             )
         })
         .collect();
-    for isvc in services {
-        let svc = Service::new(isvc, shared.clone())
-            .map_err(|e| LocalError::Io(std::io::Error::other(e)))?;
-        tasks.push(tokio::spawn(svc.run(stop_rx.clone())));
-    }
+    // Every service is published (routes, status) before the first request can be served:
+    // connections that arrive meanwhile wait in the listen backlog.
+    let created = services
+        .into_iter()
+        .map(|isvc| Service::new(isvc, shared.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let app = router::router(routes, router::HOLD_LIMIT)?;
+    tokio::spawn(async move { axum::serve(router_listener, app).await });
+    tokio::spawn(async move {
+        axum::serve(admin_listener, admin::router(metrics, status, replicas)).await
+    });
+    // Printed (not logged) so scripts and tests can read the ports; from here on both
+    // answer.
+    println!("ballast local router listening on http://{router_addr}");
+    println!("ballast local admin listening on http://{admin_addr}");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let tasks: Vec<_> = created
+        .into_iter()
+        .map(|svc| tokio::spawn(svc.run(stop_rx.clone())))
+        .collect();
     let demo_done = async {
         if !args.demo {
             return std::future::pending().await;

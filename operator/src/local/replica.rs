@@ -2,29 +2,124 @@
 //!
 //! A replica is `ballast engine --port 0 --grpc-port P …` started from the same binary. It
 //! announces its addresses on stdout ("… control API listening on …" then "… listening
-//! on …"); reading those lines is how the runtime learns the engine is serving, so there
-//! is no polling and no sleeping. Engine logs go to a file per replica.
+//! on …"); reading those lines is how the runtime learns where the engine serves. From
+//! then on a small task polls its `/health` every [`HEALTH_INTERVAL`]: a replica is ready
+//! once it answers 200, and unhealthy when it answers 503 (its core stopped, or something
+//! else drained it) or stops answering ([`HealthReport::verdict`]). Engine logs go to a
+//! file per replica.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use ballast_crds::InferenceService;
+
+/// How often a replica's `/health` is polled.
+pub const HEALTH_INTERVAL: Duration = Duration::from_millis(250);
+/// How long one `/health` call may take.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_millis(1000);
+/// Consecutive unanswered polls after which a replica is unhealthy.
+pub const MISSED_POLLS: u32 = 4;
 
 /// Where a replica is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// Spawned, not serving yet (building the model).
+    /// Spawned, not serving yet (building the model, or not answering `/health` yet).
     Starting,
-    /// Serving.
+    /// Serving: `/health` answers 200.
     Ready,
     /// Removed from rotation and told to drain; exits when its requests are done.
     Draining,
+    /// Found unhealthy: out of rotation, told to stop, killed if it does not; a
+    /// replacement is started meanwhile.
+    Failed,
+}
+
+/// The latest `/health` polls of one replica.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthReport {
+    /// Polls answered so far (any status).
+    pub answered: u64,
+    /// Status of the latest answer.
+    pub last_status: Option<u16>,
+    /// Polls in a row without an answer (refused, timed out), and the latest error.
+    pub missed: u32,
+    /// The latest error, when the latest poll got no answer.
+    pub last_error: Option<String>,
+}
+
+/// What the polls say about a replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthVerdict {
+    /// No answer yet, but not long enough to judge.
+    Unknown,
+    /// `/health` answers 200.
+    Healthy,
+    /// It answers 503 (core stopped or drained) or stopped answering; why.
+    Unhealthy(String),
+}
+
+impl HealthReport {
+    /// Judges the polls: a 503 is unhealthy at once (the engine says it will serve
+    /// nothing); silence is unhealthy after [`MISSED_POLLS`] polls in a row, so one slow
+    /// answer under load does not replace a replica.
+    pub fn verdict(&self) -> HealthVerdict {
+        if self.missed >= MISSED_POLLS {
+            let why = self.last_error.as_deref().unwrap_or("no answer");
+            return HealthVerdict::Unhealthy(format!(
+                "no answer to /health in {} polls ({why})",
+                self.missed
+            ));
+        }
+        match self.last_status {
+            _ if self.missed > 0 && self.answered == 0 => HealthVerdict::Unknown,
+            Some(200) => HealthVerdict::Healthy,
+            Some(503) => HealthVerdict::Unhealthy(
+                "/health answers 503: its engine core stopped or it is draining".into(),
+            ),
+            Some(other) => HealthVerdict::Unhealthy(format!("/health answers {other}")),
+            None => HealthVerdict::Unknown,
+        }
+    }
+
+    fn record(&mut self, result: Result<u16, String>) {
+        match result {
+            Ok(status) => {
+                self.answered += 1;
+                self.last_status = Some(status);
+                self.missed = 0;
+                self.last_error = None;
+            }
+            Err(e) => {
+                self.missed += 1;
+                self.last_error = Some(e);
+            }
+        }
+    }
+}
+
+/// Polls `GET {url}/health` until every receiver is gone.
+async fn poll_health(client: reqwest::Client, url: String, tx: watch::Sender<HealthReport>) {
+    let mut tick = tokio::time::interval(HEALTH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let result = match client.get(&url).timeout(HEALTH_TIMEOUT).send().await {
+            Ok(r) => Ok(r.status().as_u16()),
+            Err(e) if e.is_timeout() => Err("timed out".to_string()),
+            Err(e) if e.is_connect() => Err("connection refused".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        tx.send_modify(|r| r.record(result));
+        if tx.is_closed() {
+            return;
+        }
+    }
 }
 
 /// One engine process.
@@ -43,8 +138,11 @@ pub struct Replica {
     pub started: Instant,
     /// Engine log file.
     pub log: PathBuf,
+    /// When it was found unhealthy or told to drain.
+    pub stopping_since: Option<Instant>,
     child: Child,
     ready: Option<oneshot::Receiver<Result<Announced, String>>>,
+    health: Option<watch::Receiver<HealthReport>>,
 }
 
 /// Addresses a replica announced.
@@ -164,23 +262,31 @@ impl Replica {
             grpc: None,
             started: Instant::now(),
             log,
+            stopping_since: None,
             child,
             ready: Some(rx),
+            health: None,
         })
     }
 
-    /// Advances a starting replica that announced its addresses. Returns an error when it
-    /// died before serving.
-    pub fn poll_ready(&mut self) -> Result<(), String> {
+    /// Takes in the announced addresses once they came (then starts polling `/health` with
+    /// `client`). An error when it died before announcing.
+    pub fn poll_announced(&mut self, client: &reqwest::Client) -> Result<(), String> {
         let Some(rx) = &mut self.ready else {
             return Ok(());
         };
         match rx.try_recv() {
             Ok(Ok(a)) => {
+                self.ready = None;
                 self.http = Some(a.http);
                 self.grpc = a.grpc;
-                self.phase = Phase::Ready;
-                self.ready = None;
+                let (tx, rx) = watch::channel(HealthReport::default());
+                tokio::spawn(poll_health(
+                    client.clone(),
+                    format!("http://{}/health", a.http),
+                    tx,
+                ));
+                self.health = Some(rx);
                 Ok(())
             }
             Ok(Err(e)) => {
@@ -188,21 +294,18 @@ impl Replica {
                 Err(e)
             }
             Err(oneshot::error::TryRecvError::Empty) => Ok(()),
-            Err(oneshot::error::TryRecvError::Closed) => Err("stopped before serving".into()),
+            Err(oneshot::error::TryRecvError::Closed) => {
+                self.ready = None;
+                Err("stopped before serving".into())
+            }
         }
     }
 
-    /// Waits until the replica serves (or fails).
-    pub async fn wait_ready(&mut self) -> Result<(), String> {
-        if let Some(rx) = self.ready.take() {
-            let a = rx
-                .await
-                .map_err(|_| "stopped before serving".to_string())??;
-            self.http = Some(a.http);
-            self.grpc = a.grpc;
-            self.phase = Phase::Ready;
-        }
-        Ok(())
+    /// What the `/health` polls say (Unknown before the replica announced itself).
+    pub fn health(&self) -> HealthVerdict {
+        self.health
+            .as_ref()
+            .map_or(HealthVerdict::Unknown, |rx| rx.borrow().verdict())
     }
 
     /// The exit status if the process has exited.
@@ -214,13 +317,31 @@ impl Replica {
     /// and exit 0. The router has already stopped sending it traffic.
     pub fn drain(&mut self) {
         self.phase = Phase::Draining;
+        self.stop();
+    }
+
+    /// Marks it failed and asks it to stop (SIGTERM); the runtime kills it if it does not
+    /// exit within its grace period.
+    pub fn fail(&mut self) {
+        self.phase = Phase::Failed;
+        self.stop();
+    }
+
+    fn stop(&mut self) {
         self.accepting = false;
+        self.health = None;
+        self.stopping_since.get_or_insert_with(Instant::now);
         if let Some(pid) = self.child.id() {
             // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
             unsafe {
                 libc::kill(pid as libc::pid_t, libc::SIGTERM);
             }
         }
+    }
+
+    /// Sends SIGKILL without waiting (a failed replica past its grace period).
+    pub fn kill_now(&mut self) {
+        let _ = self.child.start_kill();
     }
 
     /// Kills the process at once (shutdown after a drain timeout).
@@ -236,5 +357,54 @@ impl Replica {
     /// Base URL of the engine's HTTP API.
     pub fn base_url(&self) -> Option<String> {
         self.http.map(|a| format!("http://{a}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(polls: &[Result<u16, &str>]) -> HealthReport {
+        let mut r = HealthReport::default();
+        for p in polls {
+            r.record(p.map_err(str::to_string));
+        }
+        r
+    }
+
+    #[test]
+    fn health_verdicts() {
+        assert_eq!(report(&[]).verdict(), HealthVerdict::Unknown);
+        assert_eq!(report(&[Err("refused")]).verdict(), HealthVerdict::Unknown);
+        assert_eq!(report(&[Ok(200)]).verdict(), HealthVerdict::Healthy);
+        assert!(matches!(
+            report(&[Ok(200), Ok(503)]).verdict(),
+            HealthVerdict::Unhealthy(why) if why.contains("503")
+        ));
+        // One or a few missed polls under load do not condemn a replica...
+        let slow = [
+            Ok(200),
+            Err("timed out"),
+            Err("timed out"),
+            Err("timed out"),
+        ];
+        assert_eq!(report(&slow).verdict(), HealthVerdict::Healthy);
+        // ...and an answer resets the count.
+        let mut again = slow.to_vec();
+        again.extend([Ok(200), Err("timed out")]);
+        assert_eq!(report(&again).verdict(), HealthVerdict::Healthy);
+        // Four in a row do.
+        let mut silent = slow.to_vec();
+        silent.push(Err("timed out"));
+        assert!(matches!(
+            report(&silent).verdict(),
+            HealthVerdict::Unhealthy(why) if why.contains("4 polls") && why.contains("timed out")
+        ));
+        // A replica that never answered is judged the same way.
+        let never = [Err("refused"); 4];
+        assert!(matches!(
+            report(&never).verdict(),
+            HealthVerdict::Unhealthy(_)
+        ));
     }
 }

@@ -1,29 +1,39 @@
-//! One InferenceService run locally: its replicas, and the control loop that scrapes
-//! them, decides with the shared decision core, and acts by starting, draining and
-//! re-routing processes.
+//! One InferenceService run locally: the control loop that supervises its replicas
+//! ([`Fleet`]), scrapes them, decides with the shared decision core, and acts by starting,
+//! draining and re-routing processes and by setting DP weights over the control API.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ballast_crds::{InferenceService, InferenceServiceStatus};
+use ballast_crds::InferenceService;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use tonic::transport::{Channel, Endpoint};
 
-use super::admin::{OperatorMetrics, StatusMap};
-use super::replica::{Phase, Replica};
-use super::router::{Backend, RouteTable, ServiceRoutes};
+use super::LocalError;
+use super::admin::{OperatorMetrics, ReplicaInfo, ReplicaMap, StatusMap};
+use super::fleet::{Fleet, FleetEvent};
+use super::replica::Phase;
+use super::router::{RouteTable, ServiceRoutes};
 use super::view::View;
 use crate::control::EngineControlClient;
 use crate::control::proto::SetDpWeightsRequest;
-use crate::decide::{ConditionUpdate, DecideInput, History, Outcome, SignalName, decide};
+use crate::decide::{ConditionUpdate, DecideInput, History, Outcome, decide};
 use crate::scrape::{ScrapeConfig, Scraper, Target, Tracker};
 use crate::signals::Dialect;
+use crate::status::{self, ConditionSet, ReplicaCounts, StatusParts};
 
-/// How often replicas are checked for readiness and exits between decisions.
+/// How often replicas are checked (readiness, health, exits) between decisions.
 const HOUSEKEEPING: Duration = Duration::from_millis(200);
+
+/// Connect and call timeout of the engine control API: a hung replica costs the control
+/// period at most this much.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a replica may take to drain when `ballast local` stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(60);
 
 /// Everything shared by the services of one `ballast local`.
 #[derive(Clone)]
@@ -38,24 +48,28 @@ pub struct Shared {
     pub metrics: Arc<OperatorMetrics>,
     /// Statuses served on /status.
     pub status: StatusMap,
+    /// Replicas served on /replicas.
+    pub replicas: ReplicaMap,
     /// The live view.
     pub view: Arc<Mutex<View>>,
+    /// Polls the replicas' `/health`.
+    pub health_client: reqwest::Client,
 }
 
-/// A service and its replicas.
+/// A service, its replicas and its control-loop state.
 pub struct Service {
     isvc: InferenceService,
     name: String,
     shared: Shared,
-    replicas: Vec<Replica>,
-    in_flight: BTreeMap<String, Arc<AtomicUsize>>,
-    next_index: usize,
+    fleet: Fleet,
     desired: i32,
     history: History,
     tracker: Tracker,
     scraper: Scraper,
     dialect: Dialect,
     dp_weights: BTreeMap<String, Vec<f64>>,
+    /// One control API channel per replica, made on first use and reused.
+    controls: BTreeMap<String, EngineControlClient<Channel>>,
     conditions: Vec<Condition>,
     last_scale_time: Option<String>,
     last_decision: Option<ballast_crds::Decision>,
@@ -66,41 +80,54 @@ fn now_rfc3339() -> String {
     Timestamp::now().to_string()
 }
 
+/// The replica count a service starts with.
+fn initial_replicas(isvc: &InferenceService) -> i32 {
+    let spec = &isvc.spec;
+    let n = if spec.autoscaling.enabled {
+        spec.replicas
+            .unwrap_or(spec.autoscaling.min_replicas)
+            .clamp(spec.autoscaling.min_replicas, spec.autoscaling.max_replicas)
+    } else {
+        spec.replicas.unwrap_or(1)
+    };
+    n.max(0)
+}
+
 impl Service {
-    /// A service with no replicas yet; `run` starts them.
-    pub fn new(isvc: InferenceService, shared: Shared) -> Result<Self, String> {
+    /// A service with no replicas yet (`run` starts them). It is published at once: the
+    /// router knows it (requests wait for its first replica) and `/status` lists it.
+    pub fn new(isvc: InferenceService, shared: Shared) -> Result<Self, LocalError> {
         let name = isvc.metadata.name.clone().unwrap_or_default();
-        let spec = &isvc.spec;
-        let initial = if spec.autoscaling.enabled {
-            spec.replicas
-                .unwrap_or(spec.autoscaling.min_replicas)
-                .clamp(spec.autoscaling.min_replicas, spec.autoscaling.max_replicas)
-        } else {
-            spec.replicas.unwrap_or(1)
-        };
-        let scraper =
-            Scraper::new(ScrapeConfig::from_spec(&spec.metrics)).map_err(|e| e.to_string())?;
-        Ok(Self {
-            dialect: spec.engine.kind.into(),
+        let scraper = Scraper::new(ScrapeConfig::from_spec(&isvc.spec.metrics))
+            .map_err(LocalError::Client)?;
+        let fleet = Fleet::new(
+            isvc.clone(),
+            shared.engine_bin.clone(),
+            shared.log_dir.clone(),
+            shared.health_client.clone(),
+        );
+        let mut svc = Self {
+            dialect: isvc.spec.engine.kind.into(),
+            desired: initial_replicas(&isvc),
             name,
             shared,
-            replicas: Vec::new(),
-            in_flight: BTreeMap::new(),
-            next_index: 0,
-            desired: initial.max(0),
+            fleet,
             history: History::default(),
             tracker: Tracker::new(),
             scraper,
             dp_weights: BTreeMap::new(),
+            controls: BTreeMap::new(),
             conditions: Vec::new(),
             last_scale_time: None,
             last_decision: None,
             epoch: Instant::now(),
             isvc,
-        })
+        };
+        svc.publish();
+        Ok(svc)
     }
 
-    /// Runs the control loop until `stop` resolves, then drains every replica.
+    /// Runs the control loop until `stop` turns true, then drains every replica.
     pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
         let period =
             Duration::from_secs(self.isvc.spec.metrics.scrape_interval_seconds.max(1) as u64);
@@ -120,139 +147,124 @@ impl Service {
         self.shutdown().await;
     }
 
-    /// Readiness, exits, replica count, routes and status counts.
+    /// Supervision between decisions: readiness, health, exits, the replica count.
     fn housekeeping(&mut self) {
-        let mut i = 0;
-        while i < self.replicas.len() {
-            let r = &mut self.replicas[i];
-            if let Err(e) = r.poll_ready() {
-                tracing::warn!(target: "ballast::local", service = %self.name, replica = %r.name, error = %e, log = %r.log.display(), "replica failed to start; replacing it");
-                self.remove(i);
-                continue;
-            }
-            if let Some(status) = r.exited() {
-                let (name, draining) = (r.name.clone(), r.phase == Phase::Draining);
-                if draining {
-                    tracing::info!(target: "ballast::local", service = %self.name, replica = %name, %status, "replica drained and stopped");
-                } else {
-                    tracing::warn!(target: "ballast::local", service = %self.name, replica = %name, %status, log = %r.log.display(), "replica exited unexpectedly; replacing it");
-                    self.set_condition(
-                        "Degraded",
-                        true,
-                        "ReplicaExited",
-                        format!("replica {name} exited ({status}); replaced"),
-                    );
-                }
-                self.remove(i);
-                continue;
-            }
-            i += 1;
+        for event in self.fleet.supervise(self.desired) {
+            self.on_fleet_event(event);
         }
-        self.reconcile_count();
-        self.publish_routes();
-        self.publish_status();
-    }
-
-    fn remove(&mut self, i: usize) {
-        let r = self.replicas.remove(i);
-        self.in_flight.remove(&r.name);
-        self.dp_weights.remove(&r.name);
-    }
-
-    /// Starts or drains replicas until the non-draining count is the desired count.
-    fn reconcile_count(&mut self) {
-        let live = self
-            .replicas
+        let live: BTreeSet<&str> = self
+            .fleet
+            .replicas()
             .iter()
-            .filter(|r| r.phase != Phase::Draining)
-            .count() as i32;
-        for _ in live..self.desired {
-            let name = format!("{}-{}", self.name, self.next_index);
-            self.next_index += 1;
-            match Replica::spawn(
-                &self.shared.engine_bin,
-                &self.isvc,
-                name.clone(),
-                &self.shared.log_dir,
-            ) {
-                Ok(r) => {
-                    tracing::info!(target: "ballast::local", service = %self.name, replica = %name, "starting replica");
-                    self.replicas.push(r);
-                }
-                Err(e) => {
-                    tracing::error!(target: "ballast::local", service = %self.name, error = %e, "cannot start a replica");
-                    self.set_condition("Degraded", true, "SpawnFailed", e.to_string());
-                    return;
-                }
+            .map(|r| r.name.as_str())
+            .collect();
+        self.controls.retain(|name, _| live.contains(name.as_str()));
+        self.dp_weights
+            .retain(|name, _| live.contains(name.as_str()));
+        self.publish();
+    }
+
+    fn on_fleet_event(&mut self, event: FleetEvent) {
+        let svc = self.name.clone();
+        match event {
+            FleetEvent::Started { replica } => {
+                tracing::info!(target: "ballast::local", service = %svc, %replica, "starting replica");
             }
-        }
-        if live > self.desired {
-            // Remove what serves least first: starting replicas, then those out of
-            // rotation, then the newest.
-            let mut order: Vec<usize> = (0..self.replicas.len())
-                .filter(|&i| self.replicas[i].phase != Phase::Draining)
-                .collect();
-            order.sort_by_key(|&i| {
-                let r = &self.replicas[i];
-                (
-                    r.phase == Phase::Ready,
-                    r.accepting,
-                    std::cmp::Reverse(r.started),
-                )
-            });
-            for &i in order.iter().take((live - self.desired) as usize) {
-                let r = &mut self.replicas[i];
-                tracing::info!(target: "ballast::local", service = %self.name, replica = %r.name, "draining replica");
-                r.drain();
+            FleetEvent::Ready { replica } => {
+                tracing::info!(target: "ballast::local", service = %svc, %replica, "replica ready");
+            }
+            FleetEvent::Drained { replica } => {
+                tracing::info!(target: "ballast::local", service = %svc, %replica, "replica drained and stopped");
+            }
+            FleetEvent::SpawnFailed { error } => {
+                tracing::error!(target: "ballast::local", service = %svc, %error, "cannot start a replica");
+                self.degraded("SpawnFailed", format!("cannot start a replica: {error}"));
+            }
+            FleetEvent::FailedToStart {
+                replica,
+                error,
+                log,
+            } => {
+                tracing::warn!(target: "ballast::local", service = %svc, %replica, %error, log = %log.display(), "replica failed to start; replacing it");
+                self.degraded(
+                    "ReplicaFailedToStart",
+                    format!("replica {replica} failed to start ({error}); replaced"),
+                );
+            }
+            FleetEvent::Unhealthy { replica, why } => {
+                tracing::warn!(target: "ballast::local", service = %svc, %replica, %why, "replica unhealthy; stopping and replacing it");
+                self.degraded(
+                    "ReplicaUnhealthy",
+                    format!("replica {replica} unhealthy ({why}); replaced"),
+                );
+            }
+            FleetEvent::Exited {
+                replica,
+                status,
+                log,
+            } => {
+                tracing::warn!(target: "ballast::local", service = %svc, %replica, %status, log = %log.display(), "replica exited unexpectedly; replacing it");
+                self.degraded(
+                    "ReplicaExited",
+                    format!("replica {replica} exited ({status}); replaced"),
+                );
+            }
+            FleetEvent::Killed { replica } => {
+                tracing::warn!(target: "ballast::local", service = %svc, %replica, "replica did not stop after SIGTERM; killed");
             }
         }
     }
 
-    fn publish_routes(&mut self) {
-        let mut backends = Vec::new();
-        for r in &self.replicas {
-            if r.phase == Phase::Ready
-                && r.accepting
-                && let Some(url) = r.base_url()
-            {
-                let in_flight = Arc::clone(self.in_flight.entry(r.name.clone()).or_default());
-                backends.push(Backend {
-                    name: r.name.clone(),
-                    url,
-                    in_flight,
-                });
-            }
-        }
-        self.shared.routes.publish(ServiceRoutes {
-            name: self.name.clone(),
-            served_name: self.isvc.served_name(),
-            backends,
+    fn degraded(&mut self, reason: &str, message: String) {
+        self.set_condition(ConditionSet {
+            type_: "Degraded",
+            status: true,
+            reason,
+            message,
         });
     }
 
-    fn counts(&self) -> (i32, i32, i32, i32) {
-        let count = |p: Phase| self.replicas.iter().filter(|r| r.phase == p).count() as i32;
-        let accepting = self
-            .replicas
-            .iter()
-            .filter(|r| r.phase == Phase::Ready && r.accepting)
-            .count() as i32;
-        (
-            count(Phase::Ready),
-            count(Phase::Starting),
-            count(Phase::Draining),
-            accepting,
-        )
+    fn set_condition(&mut self, c: ConditionSet<'_>) {
+        status::set_condition(
+            &mut self.conditions,
+            c,
+            Time(Timestamp::now()),
+            self.isvc.metadata.generation,
+        );
     }
 
-    fn publish_status(&mut self) {
-        let (ready, starting, draining, accepting) = self.counts();
+    fn counts(&self) -> ReplicaCounts {
+        let c = self.fleet.counts();
+        ReplicaCounts {
+            ready: c.ready,
+            starting: c.starting,
+            draining: c.draining,
+            accepting: c.accepting,
+        }
+    }
+
+    /// Publishes routes, status, replicas, metrics and the view from the current state.
+    fn publish(&mut self) {
+        let counts = self.counts();
+        // Before the first housekeeping no replica exists yet, but `desired` are about to
+        // start: requests wait for them rather than fail.
+        let starting = if self.fleet.replicas().is_empty() {
+            self.desired.max(0) as usize
+        } else {
+            counts.starting as usize
+        };
+        self.shared.routes.publish(ServiceRoutes {
+            name: self.name.clone(),
+            served_name: self.isvc.served_name(),
+            backends: self.fleet.backends(),
+            starting,
+        });
         let m = &self.shared.metrics;
         for (state, v) in [
-            ("ready", ready),
-            ("starting", starting),
-            ("draining", draining),
-            ("accepting", accepting),
+            ("ready", counts.ready),
+            ("starting", counts.starting),
+            ("draining", counts.draining),
+            ("accepting", counts.accepting),
         ] {
             m.replicas
                 .with_label_values(&[&self.name, state])
@@ -261,85 +273,68 @@ impl Service {
         m.desired_replicas
             .with_label_values(&[&self.name])
             .set(self.desired as i64);
-        let ready_ok = ready > 0;
-        let msg = format!("{ready} of {} replicas ready", self.desired);
-        self.set_condition(
-            "Ready",
-            ready_ok,
-            if ready_ok {
-                "ReplicasReady"
-            } else {
-                "ReplicasStarting"
-            },
-            msg,
-        );
-        let status = InferenceServiceStatus {
-            observed_generation: self.isvc.metadata.generation.or(Some(1)),
-            replicas: ready + starting + draining,
-            ready_replicas: ready,
-            accepting_replicas: accepting,
-            desired_replicas: self.desired,
-            selector: format!("app.kubernetes.io/instance={}", self.name),
+        self.set_condition(status::ready_condition(counts, self.desired));
+        let status = status::assemble(StatusParts {
+            name: &self.name,
+            generation: self.isvc.metadata.generation.or(Some(1)),
+            counts,
+            desired: self.desired,
             last_scale_time: self.last_scale_time.clone(),
-            conditions: self.conditions.clone(),
-            last_decision: self.last_decision.clone(),
-        };
+            conditions: &self.conditions,
+            last_decision: self.last_decision.as_ref(),
+        });
         self.shared
             .status
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(self.name.clone(), status);
+        let replicas = self
+            .fleet
+            .replicas()
+            .iter()
+            .map(|r| ReplicaInfo {
+                name: r.name.clone(),
+                phase: match r.phase {
+                    Phase::Starting => "Starting",
+                    Phase::Ready => "Ready",
+                    Phase::Draining => "Draining",
+                    Phase::Failed => "Failed",
+                },
+                accepting: r.phase == Phase::Ready && r.accepting,
+                url: r.base_url(),
+                grpc: r.grpc.map(|a| format!("http://{a}")),
+                dp_weights: self.dp_weights.get(&r.name).cloned(),
+            })
+            .collect();
+        self.shared
+            .replicas
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.name.clone(), replicas);
         self.shared
             .view
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .replicas(
                 &self.name,
-                ready,
-                starting,
-                draining,
-                accepting,
+                counts.ready,
+                counts.starting,
+                counts.draining,
+                counts.accepting,
                 self.desired,
             );
-    }
-
-    /// Sets a condition, keeping its transition time when the status does not change.
-    fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: String) {
-        let status = if status { "True" } else { "False" }.to_string();
-        let now = Time(Timestamp::now());
-        match self.conditions.iter_mut().find(|c| c.type_ == type_) {
-            Some(c) => {
-                if c.status != status {
-                    c.last_transition_time = now;
-                }
-                c.status = status;
-                c.reason = reason.to_string();
-                c.message = message;
-            }
-            None => self.conditions.push(Condition {
-                type_: type_.to_string(),
-                status,
-                reason: reason.to_string(),
-                message,
-                last_transition_time: now,
-                observed_generation: self.isvc.metadata.generation,
-            }),
-        }
     }
 
     /// Scrape, decide, act, record.
     async fn control_period(&mut self) {
         let targets: Vec<Target> = self
-            .replicas
+            .fleet
+            .replicas()
             .iter()
             .filter(|r| r.phase == Phase::Ready)
             .filter_map(|r| Some(Target::new(r.name.clone(), r.base_url()?)))
             .collect();
-        let starting = self
-            .replicas
-            .iter()
-            .filter(|r| r.phase == Phase::Starting)
-            .count();
+        let counts = self.counts();
         let t0 = Instant::now();
         let outcomes = self.scraper.scrape(self.dialect, &targets).await;
         let m = &self.shared.metrics;
@@ -353,18 +348,18 @@ impl Service {
                     .inc();
             }
         }
-        let fleet = self
-            .tracker
-            .observe_outcomes(Instant::now(), &outcomes, starting);
+        let fleet =
+            self.tracker
+                .observe_outcomes(Instant::now(), &outcomes, counts.starting as usize);
         let mut input = DecideInput::new(&self.isvc.spec, self.desired, fleet);
         input.out_of_rotation = self
-            .replicas
+            .fleet
+            .replicas()
             .iter()
             .filter(|r| r.phase == Phase::Ready && !r.accepting)
             .map(|r| r.name.clone())
             .collect();
         input.dp_weights = self.dp_weights.clone();
-        input.unsupported_signals = unsupported(self.dialect);
         let outcome = decide(&input, &self.history, self.epoch.elapsed());
         self.apply(&outcome).await;
     }
@@ -376,32 +371,8 @@ impl Service {
             self.last_scale_time = Some(now_rfc3339());
         }
         let plan = &outcome.rebalance;
-        for r in &mut self.replicas {
-            if plan.take_out.contains(&r.name) {
-                r.accepting = false;
-            }
-            if plan.restore.contains(&r.name) {
-                r.accepting = true;
-            }
-        }
-        for w in &plan.dp_weights {
-            let Some(grpc) = self
-                .replicas
-                .iter()
-                .find(|r| r.name == w.replica)
-                .and_then(|r| r.grpc)
-            else {
-                continue;
-            };
-            match set_dp_weights(grpc, &w.weights).await {
-                Ok(()) => {
-                    self.dp_weights.insert(w.replica.clone(), w.weights.clone());
-                }
-                Err(e) => {
-                    tracing::warn!(target: "ballast::local", service = %self.name, replica = %w.replica, error = %e, "cannot set DP weights")
-                }
-            }
-        }
+        self.fleet.set_accepting(&plan.take_out, &plan.restore);
+        self.set_dp_weights(&plan.dp_weights).await;
         self.history.record(&outcome.history, scaled);
         for c in &outcome.conditions {
             let ConditionUpdate {
@@ -410,13 +381,86 @@ impl Service {
                 reason,
                 message,
             } = c;
-            self.set_condition(kind.as_str(), *status, reason, message.clone());
+            self.set_condition(ConditionSet {
+                type_: kind.as_str(),
+                status: *status,
+                reason,
+                message: message.clone(),
+            });
         }
         let decision = outcome.to_status_decision(now_rfc3339());
+        self.record_decision(outcome, &decision);
+        self.last_decision = Some(decision);
+        for event in self.fleet.supervise(self.desired) {
+            self.on_fleet_event(event);
+        }
+        self.publish();
+    }
+
+    /// Sets DP weights on every replica that needs new ones, concurrently, each call
+    /// bounded by [`CONTROL_TIMEOUT`]: one hung replica delays the period by that much at
+    /// most, never more.
+    async fn set_dp_weights(&mut self, plans: &[crate::decide::DpWeights]) {
+        let mut calls = Vec::new();
+        for w in plans {
+            let Some(client) = self.control(&w.replica) else {
+                continue;
+            };
+            let weights = w.weights.clone();
+            let replica = w.replica.clone();
+            calls.push(async move {
+                let mut client = client;
+                let call = client.set_dp_weights(SetDpWeightsRequest {
+                    weights: weights.clone(),
+                });
+                let result = match tokio::time::timeout(CONTROL_TIMEOUT, call).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(status)) => Err(status.message().to_string()),
+                    Err(_) => Err(format!("no answer within {CONTROL_TIMEOUT:?}")),
+                };
+                (replica, weights, result)
+            });
+        }
+        for (replica, weights, result) in futures::future::join_all(calls).await {
+            match result {
+                Ok(()) => {
+                    self.dp_weights.insert(replica, weights);
+                }
+                Err(error) => {
+                    tracing::warn!(target: "ballast::local", service = %self.name, %replica, %error, "cannot set DP weights")
+                }
+            }
+        }
+    }
+
+    /// The replica's control API client: one lazily connected channel per replica, with
+    /// connect and call timeouts, reused for every call.
+    fn control(&mut self, replica: &str) -> Option<EngineControlClient<Channel>> {
+        if let Some(c) = self.controls.get(replica) {
+            return Some(c.clone());
+        }
+        let addr = self
+            .fleet
+            .replicas()
+            .iter()
+            .find(|r| r.name == replica)
+            .and_then(|r| r.grpc)?;
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .ok()?
+            .connect_timeout(CONTROL_TIMEOUT)
+            .timeout(CONTROL_TIMEOUT)
+            .connect_lazy();
+        let client = EngineControlClient::new(channel);
+        self.controls.insert(replica.to_string(), client.clone());
+        Some(client)
+    }
+
+    /// Metrics, the structured log line and the view for one decision.
+    fn record_decision(&self, outcome: &Outcome, decision: &ballast_crds::Decision) {
         let m = &self.shared.metrics;
-        let action = format!("{:?}", outcome.action);
+        let action = outcome.action.as_str();
         m.decisions
-            .with_label_values(&[&self.name, &action, outcome.reason.as_str()])
+            .with_label_values(&[&self.name, action, outcome.reason.as_str()])
             .inc();
         let s = &outcome.signals;
         for (signal, v) in [
@@ -453,11 +497,7 @@ impl Service {
             .view
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .decision(&self.name, &decision);
-        self.last_decision = Some(decision);
-        self.reconcile_count();
-        self.publish_routes();
-        self.publish_status();
+            .decision(&self.name, decision);
     }
 
     /// Drains every replica and waits for them (killing what does not stop in time).
@@ -467,42 +507,9 @@ impl Service {
             name: self.name.clone(),
             served_name: self.isvc.served_name(),
             backends: Vec::new(),
+            starting: 0,
         });
-        for r in &mut self.replicas {
-            r.drain();
-        }
-        for r in &mut self.replicas {
-            if tokio::time::timeout(Duration::from_secs(60), r.wait())
-                .await
-                .is_err()
-            {
-                r.kill().await;
-            }
-        }
-        self.replicas.clear();
-        self.publish_status();
+        self.fleet.shutdown(SHUTDOWN_GRACE).await;
+        self.publish();
     }
-}
-
-/// Signals a dialect cannot expose at all (their targets are ignored, not "missing").
-fn unsupported(dialect: Dialect) -> BTreeSet<SignalName> {
-    match dialect {
-        Dialect::Sglang => [SignalName::AdmissionRejectionsPerSecond]
-            .into_iter()
-            .collect(),
-        Dialect::Ballast | Dialect::Vllm => BTreeSet::new(),
-    }
-}
-
-async fn set_dp_weights(addr: std::net::SocketAddr, weights: &[f64]) -> Result<(), String> {
-    let mut client = EngineControlClient::connect(format!("http://{addr}"))
-        .await
-        .map_err(|e| e.to_string())?;
-    client
-        .set_dp_weights(SetDpWeightsRequest {
-            weights: weights.to_vec(),
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(())
 }
