@@ -239,7 +239,7 @@ fn deferred_waiting_blocks_scale_down() {
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
     let mut reps = replicas(4, 0.1, 0.0);
     for r in &mut reps {
         r.deferred_waiting = 3.0;
@@ -327,7 +327,7 @@ fn a_missing_signal_allows_scale_up_but_blocks_scale_down() {
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
 
     // KV is NaN on one replica (so the fleet mean is garbage); capacity is high.
     let mut reps = replicas(2, 0.5, 7.0);
@@ -517,7 +517,7 @@ fn an_idle_fleet_without_ttft_samples_may_scale_down_but_garbage_ttft_may_not() 
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
     let mut reps = replicas(4, 0.0, 0.0);
     for r in &mut reps {
         r.running = 0.0;
@@ -549,4 +549,58 @@ fn an_idle_fleet_without_ttft_samples_may_scale_down_but_garbage_ttft_may_not() 
         (out.action, out.reason),
         (Action::Hold, Reason::SignalMissing)
     );
+}
+
+/// A spec read from YAML with `behavior` as given, scaling on capacity waiting only.
+fn spec_with_behavior(behavior: &str) -> ballast_crds::InferenceServiceSpec {
+    let text = format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: m}}\n\
+         spec:\n  model: {{source: synthetic:tiny}}\n  rebalancing: {{enabled: false}}\n  \
+         autoscaling:\n    minReplicas: 1\n    maxReplicas: 20\n    \
+         targets: {{capacityWaitingPerReplica: 4, kvCacheUsage: null, admissionRejectionsPerSecond: null}}\n    \
+         behavior: {behavior}\n"
+    );
+    let docs = ballast_crds::parse_yaml(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    docs[0].spec.clone()
+}
+
+#[test]
+fn scale_down_policies_alone_keep_the_300s_window() {
+    let sp =
+        spec_with_behavior("{scaleDown: {policies: [{type: Pods, value: 1, periodSeconds: 15}]}}");
+    let mut sim = Sim::new(sp, 4);
+    let start = sim.now;
+    // Idle from the start: every period recommends 1.
+    let first_down = loop {
+        let at = sim.now;
+        let out = sim.step(fleet(replicas(sim.current as usize, 0.1, 0.0)), s(15));
+        if out.action == Action::ScaleDown {
+            break (at - start, out.desired_replicas);
+        }
+        assert_eq!(out.reason, Reason::Stabilizing, "{}", out.message);
+        assert!(at - start < s(400), "never scaled down");
+    };
+    // The seed recommendation (4) at the start leaves the window after 300 s; then the
+    // user's policy removes one replica per 15 s.
+    assert_eq!(first_down, (s(300), 3));
+}
+
+#[test]
+fn a_scale_up_window_alone_keeps_the_rate_limits() {
+    let sp = spec_with_behavior("{scaleUp: {stabilizationWindowSeconds: 0}}");
+    // 100 waiting per replica over 2: ceil(25 × 2) = 50, capped at maxReplicas 20, but the
+    // default policies allow the larger of +4 pods and +100 % per 15 s: 6.
+    let out = decide(
+        &input(&sp, 2, fleet(replicas(2, 0.1, 100.0))),
+        &History::default(),
+        s(0),
+    );
+    assert_eq!(
+        (out.action, out.desired_replicas),
+        (Action::ScaleUp, 6),
+        "{}",
+        out.message
+    );
+    let limited = out.condition(ConditionKind::ScalingLimited).unwrap();
+    assert_eq!((limited.status, limited.reason), (true, "ScaleUpLimit"));
 }

@@ -47,7 +47,7 @@ mod scale;
 
 use std::time::Duration;
 
-use ballast_crds::{Action, Signals};
+use ballast_crds::{Action, ResolvedBehavior, Signals};
 
 pub use history::{History, HistoryUpdate, ScaleEvent, TimedRecommendation};
 pub use input::{DecideInput, SignalName};
@@ -66,6 +66,7 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
     let current = input.current_replicas.max(0);
     let max = a.max_replicas.max(0);
     let min = a.min_replicas.clamp(0, max);
+    let behavior = a.behavior.resolved();
     let signals = observe::sanitized(&input.fleet);
     let observations = observe::observe(input, &signals);
     let health = Health::of(input);
@@ -88,6 +89,7 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
         min,
         max,
         past: &past,
+        behavior: &behavior,
         health,
         observations: &observations,
         signals: &signals,
@@ -146,9 +148,9 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
             from: current,
             to: desired,
         }),
-        keep_recommendations: behavior::window(&a.behavior.scale_up)
-            .max(behavior::window(&a.behavior.scale_down)),
-        keep_scale_events: behavior::longest_period(&a.behavior),
+        keep_recommendations: behavior::window(&behavior.scale_up)
+            .max(behavior::window(&behavior.scale_down)),
+        keep_scale_events: behavior::longest_period(&behavior),
     };
 
     Outcome {
@@ -175,6 +177,8 @@ struct Ctx<'a> {
     max: i32,
     /// History's recommendations plus the seed, if any.
     past: &'a [TimedRecommendation],
+    /// `spec.autoscaling.behavior` with HPA's defaults filled in.
+    behavior: &'a ResolvedBehavior,
     health: Health,
     observations: &'a [Observation],
     signals: &'a Signals,

@@ -260,7 +260,7 @@ pub(super) fn autoscale(c: &Ctx) -> ScaleStep {
         );
     }
 
-    let stabilized = behavior::stabilize(current, raw, c.past, &a.behavior, c.now);
+    let stabilized = behavior::stabilize(current, raw, c.past, c.behavior, c.now);
     let bounds = Bounds {
         current,
         min: c.min,
@@ -269,12 +269,12 @@ pub(super) fn autoscale(c: &Ctx) -> ScaleStep {
     let (desired, limit) = behavior::limit(
         stabilized,
         bounds,
-        &a.behavior,
+        c.behavior,
         &c.history.scale_events,
         c.now,
     );
-    let up_window = a.behavior.scale_up.stabilization_window_seconds;
-    let down_window = a.behavior.scale_down.stabilization_window_seconds;
+    let up_window = c.behavior.scale_up.stabilization_window_seconds;
+    let down_window = c.behavior.scale_down.stabilization_window_seconds;
     let limited = limit
         .map(|l| format!(" ({})", l.message()))
         .unwrap_or_default();
