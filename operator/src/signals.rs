@@ -5,6 +5,8 @@
 //! Aggregation rules of the control-plane contract §3 live in the scrape module that
 //! produces these; the decision core only consumes them.
 
+use std::collections::BTreeMap;
+
 /// Which series names a replica's exposition uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dialect {
@@ -26,10 +28,15 @@ impl From<ballast_crds::EngineKind> for Dialect {
     }
 }
 
+/// Lifetime values of one counter family, one entry per series, keyed by the series'
+/// labels (e.g. `engine="0",reason="max_num_queued_reqs"`). Kept per series so a reset is
+/// judged per series: one reason restarting from zero while another grows is still a reset.
+pub type CounterSeries = BTreeMap<String, f64>;
+
 /// One scrape of one replica, after the dialect adapter. Gauges are already combined over
 /// the replica's data-parallel ranks (waiting summed, KV usage max); counters are raw
-/// lifetime values (summed over ranks and labels) so rates can be taken between scrapes.
-/// `None` means the exposition did not carry the series.
+/// lifetime values so rates can be taken between scrapes. `None` means the exposition did
+/// not carry the series, or carried values that cannot be right (negative counts).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplicaSample {
     /// Requests running, summed over ranks.
@@ -42,8 +49,9 @@ pub struct ReplicaSample {
     pub waiting_deferred: Option<f64>,
     /// KV cache usage in [0, 1]: the max over ranks, never the mean.
     pub kv_usage: Option<f64>,
-    /// Lifetime admission rejections (HTTP 429), summed over ranks and reasons.
-    pub rejections_total: Option<f64>,
+    /// Lifetime admission rejections (HTTP 429), per series (reason and rank). Empty when
+    /// the family is declared (`# TYPE`) but no rejection has happened yet.
+    pub rejections_total: Option<CounterSeries>,
     /// TTFT histogram: cumulative counts per upper bound (`le`, +Inf last), summed over
     /// ranks by `le`. Empty when absent.
     pub ttft_buckets: Vec<(f64, f64)>,
@@ -51,6 +59,13 @@ pub struct ReplicaSample {
     pub dp_tokens: Vec<f64>,
     /// Lifetime sum and count of the DP token-imbalance-ratio histogram (rank 0's).
     pub dp_imbalance: Option<(f64, f64)>,
+}
+
+impl ReplicaSample {
+    /// Lifetime admission rejections summed over series, for display.
+    pub fn rejections_sum(&self) -> Option<f64> {
+        self.rejections_total.as_ref().map(|s| s.values().sum())
+    }
 }
 
 /// What one replica's samples mean over a control period.
@@ -66,8 +81,9 @@ pub struct ReplicaSignals {
     pub deferred_waiting: f64,
     /// Latest KV usage (max over ranks).
     pub kv_usage: f64,
-    /// 429s per second over the period (counter increase; a reset counts from zero).
-    /// `None` without two samples.
+    /// 429s per second over the period: the sum of each series' increase, a series that
+    /// went down (reset) or is new counting from zero. `None` without two samples that
+    /// both carry the counter.
     pub rejections_per_second: Option<f64>,
     /// TTFT bucket increases over the period, cumulative by `le` (+Inf last).
     pub ttft_bucket_increase: Vec<(f64, f64)>,

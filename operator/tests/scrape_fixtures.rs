@@ -9,7 +9,7 @@
 
 use ballast_operator::scrape::dialect::adapt;
 use ballast_operator::scrape::parser::{MetricType, parse};
-use ballast_operator::signals::{Dialect, ReplicaSample};
+use ballast_operator::signals::{CounterSeries, Dialect, ReplicaSample};
 
 const INF: f64 = f64::INFINITY;
 
@@ -20,6 +20,11 @@ fn sample(dialect: Dialect, file: &str) -> ReplicaSample {
     assert_eq!(exposition.errors(), 0, "{file} has malformed lines");
     assert!(!exposition.truncated, "{file}");
     adapt(dialect, &exposition)
+}
+
+/// A counter's series by their label sets.
+fn series(entries: &[(&str, f64)]) -> Option<CounterSeries> {
+    Some(entries.iter().map(|(k, v)| (k.to_string(), *v)).collect())
 }
 
 /// Pairs bounds with cumulative counts.
@@ -44,7 +49,16 @@ fn ballast_engine_under_load() {
             waiting_capacity: Some(1.0),
             waiting_deferred: Some(2.0),
             kv_usage: Some(0.00115966796875),
-            rejections_total: Some(6.0),
+            rejections_total: series(&[
+                (
+                    r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_reqs""#,
+                    6.0
+                ),
+                (
+                    r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_tokens""#,
+                    0.0
+                ),
+            ]),
             ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
             dp_tokens: vec![632.0, 602.0],
             dp_imbalance: Some((608.8021505376344, 590.0)),
@@ -63,7 +77,16 @@ fn ballast_engine_idle() {
             waiting_capacity: Some(0.0),
             waiting_deferred: Some(0.0),
             kv_usage: Some(0.0),
-            rejections_total: Some(0.0),
+            rejections_total: series(&[
+                (
+                    r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_reqs""#,
+                    0.0
+                ),
+                (
+                    r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_tokens""#,
+                    0.0
+                ),
+            ]),
             ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
             dp_tokens: vec![43.0, 43.0],
             dp_imbalance: Some((96.0, 48.0)),
@@ -86,7 +109,16 @@ fn vllm_v1_two_engines() {
             waiting_capacity: Some(5.0),
             waiting_deferred: Some(1.0),
             kv_usage: Some(0.8125),
-            rejections_total: Some(39.0),
+            rejections_total: series(&[
+                (
+                    r#"engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",reason="max_num_queued_reqs""#,
+                    37.0
+                ),
+                (
+                    r#"engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",reason="max_num_queued_tokens""#,
+                    2.0
+                ),
+            ]),
             ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
             dp_tokens: vec![412338.0, 398112.0],
             dp_imbalance: None,

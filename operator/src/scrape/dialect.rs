@@ -3,9 +3,11 @@
 //!
 //! Combination rules (contract §3): counts of requests are **summed** over data-parallel
 //! ranks, KV usage is the **max** over ranks (never the mean), counters are summed over
-//! ranks and labels, histogram buckets are summed **by `le`**. A value that is negative, or
-//! a ratio outside [0, 1], makes its field `None` rather than a wrong number; a histogram
-//! whose series disagree on their bounds, lack `+Inf` or are not cumulative is left empty.
+//! ranks and labels (except the admission-rejection counter, kept per series so that a
+//! reset is judged per series), histogram buckets are summed **by `le`**. A value that is
+//! negative, or a ratio outside [0, 1], makes its field `None` rather than a wrong number;
+//! a histogram whose series disagree on their bounds, lack `+Inf` or are not cumulative is
+//! left empty.
 //!
 //! # What the names are based on
 //!
@@ -46,7 +48,7 @@
 use std::collections::BTreeMap;
 
 use super::parser::{Exposition, Sample};
-use crate::signals::{Dialect, ReplicaSample};
+use crate::signals::{CounterSeries, Dialect, ReplicaSample};
 
 /// Highest DP rank index accepted in a label; a larger one is treated as garbage rather
 /// than allocating a vector that long.
@@ -68,13 +70,14 @@ pub fn is_usable(s: &ReplicaSample) -> bool {
         || s.waiting_capacity.is_some()
         || s.waiting_deferred.is_some()
         || s.kv_usage.is_some()
-        || s.rejections_total.is_some()
+        || s.rejections_total.as_ref().is_some_and(|r| !r.is_empty())
         || !s.ttft_buckets.is_empty()
         || !s.dp_tokens.is_empty()
         || s.dp_imbalance.is_some()
 }
 
 fn ballast(exp: &Exposition) -> ReplicaSample {
+    const REJECTIONS: &str = "ballast_admission_rejections_total";
     let waiting = |reason: &'static str| {
         sum_counts(
             exp.named("ballast_num_requests_waiting_by_reason")
@@ -86,7 +89,7 @@ fn ballast(exp: &Exposition) -> ReplicaSample {
         waiting_capacity: waiting("capacity"),
         waiting_deferred: waiting("deferred"),
         kv_usage: max_ratio(exp.named("ballast_kv_cache_usage_ratio")),
-        rejections_total: sum_counts(exp.named("ballast_admission_rejections_total")),
+        rejections_total: counter_series(exp, REJECTIONS),
         ttft_buckets: buckets(exp.named("ballast_time_to_first_token_seconds_bucket")),
         dp_tokens: per_rank(
             exp.named("ballast_dp_tokens_total")
@@ -102,6 +105,7 @@ fn ballast(exp: &Exposition) -> ReplicaSample {
 
 fn vllm(exp: &Exposition) -> ReplicaSample {
     const BY_REASON: &str = "vllm:num_requests_waiting_by_reason";
+    const REJECTIONS: &str = "vllm:admission_rejections_total";
     let (waiting_capacity, waiting_deferred) = if exp.has(BY_REASON) {
         let waiting = |reason: &'static str| {
             sum_counts(
@@ -124,7 +128,7 @@ fn vllm(exp: &Exposition) -> ReplicaSample {
         waiting_capacity,
         waiting_deferred,
         kv_usage,
-        rejections_total: sum_counts(exp.named("vllm:admission_rejections_total")),
+        rejections_total: counter_series(exp, REJECTIONS),
         ttft_buckets: buckets(exp.named("vllm:time_to_first_token_seconds_bucket")),
         dp_tokens: per_rank(exp.named("vllm:iteration_tokens_total_sum"), "engine"),
         dp_imbalance: None,
@@ -155,6 +159,25 @@ fn sglang(exp: &Exposition) -> ReplicaSample {
             counts("sglang:dp_attention_token_imbalance_ratio_count"),
         ),
     }
+}
+
+/// A counter family per series, keyed by the series' labels: `None` when the family is not
+/// carried, or when any value is negative. Empty when it is only declared.
+fn counter_series(exp: &Exposition, family: &str) -> Option<CounterSeries> {
+    if !exp.carries(family) {
+        return None;
+    }
+    let mut series = CounterSeries::new();
+    for s in exp.named(family) {
+        if s.value < 0.0 {
+            return None;
+        }
+        // Labels are sorted and a series appears once (the parser drops duplicates), so
+        // the key is canonical and unique; `{:?}` quotes values so keys cannot collide.
+        let key: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+        series.insert(key.join(","), s.value);
+    }
+    Some(series)
 }
 
 /// Σ of values that must be counts: `None` when there are none, or when any is negative.
