@@ -5,7 +5,7 @@
 //! Aggregation rules of the control-plane contract §3 live in the scrape module that
 //! produces these; the decision core only consumes them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Which series names a replica's exposition uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,6 +26,24 @@ impl From<ballast_crds::EngineKind> for Dialect {
             ballast_crds::EngineKind::Sglang => Dialect::Sglang,
         }
     }
+}
+
+/// The family of series behind one scaling signal, whatever a dialect calls it.
+///
+/// Which families a fleet's replicas export decides what a missing value means: a family
+/// no successful scrape carried is *not exported* by these replicas (an older vLLM without
+/// `vllm:admission_rejections_total`, SGLang), and its target is ignored; a family that is
+/// exported but has no usable value is *missing*, which blocks scale-down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// Requests waiting (by reason, or all waiting).
+    Waiting,
+    /// KV cache usage.
+    KvUsage,
+    /// The admission-rejection (HTTP 429) counter.
+    Rejections,
+    /// The time-to-first-token histogram.
+    Ttft,
 }
 
 /// Lifetime values of one counter family, one entry per series, keyed by the series'
@@ -59,6 +77,9 @@ pub struct ReplicaSample {
     pub dp_tokens: Vec<f64>,
     /// Lifetime sum and count of the DP token-imbalance-ratio histogram (rank 0's).
     pub dp_imbalance: Option<(f64, f64)>,
+    /// The signal families the exposition carried (declared or with samples), whether or
+    /// not their values were usable.
+    pub families: BTreeSet<Family>,
 }
 
 impl ReplicaSample {
@@ -113,11 +134,22 @@ pub struct FleetSignals {
     /// p99 of the TTFT buckets summed by `le` over replicas (never an average of
     /// per-replica quantiles). `None` without observations in the period.
     pub ttft_p99_seconds: Option<f64>,
+    /// The families the replicas' successful scrapes carried (each listed replica's
+    /// latest successful one); `None` when that is not known (no scrape succeeded this
+    /// period, or a runtime that does not tell). A family absent from a known set is not
+    /// exported by these replicas.
+    pub exported: Option<BTreeSet<Family>>,
 }
 
 impl FleetSignals {
     /// Replicas that reported.
     pub fn reporting(&self) -> usize {
         self.replicas.len()
+    }
+
+    /// Whether `family` is known not to be exported: a scrape succeeded this period and no
+    /// replica's latest successful scrape carried it. Unknown is not "not exported".
+    pub fn lacks(&self, family: Family) -> bool {
+        self.exported.as_ref().is_some_and(|e| !e.contains(&family))
     }
 }

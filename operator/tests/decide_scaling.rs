@@ -4,7 +4,8 @@
 mod support;
 
 use ballast_crds::Action;
-use ballast_operator::decide::{ConditionKind, History, Reason, SignalName, decide};
+use ballast_operator::decide::{ConditionKind, History, Reason, SignalName, SignalState, decide};
+use ballast_operator::signals::Family;
 use support::*;
 
 /// One row: replicas' (KV, capacity waiting), current size, expected size and reason.
@@ -362,12 +363,31 @@ fn a_missing_signal_allows_scale_up_but_blocks_scale_down() {
         "no scale-down recommendation is remembered"
     );
 
-    // A dialect without the signal at all: its target is ignored, scale-down proceeds.
-    let mut i = input(&sp, 4, fleet(reps));
-    i.unsupported_signals
-        .insert(SignalName::AdmissionRejectionsPerSecond);
-    let out = decide(&i, &History::default(), s(0));
+    // Replicas that do not export the signal at all: its target is ignored, scale-down
+    // proceeds, and status says why.
+    let mut f = fleet(reps);
+    f.exported = Some([Family::Waiting, Family::KvUsage, Family::Ttft].into());
+    let out = decide(&input(&sp, 4, f), &History::default(), s(0));
     assert_eq!(out.action, Action::ScaleDown, "{}", out.message);
+    let report = out
+        .reports
+        .iter()
+        .find(|r| r.signal == SignalName::AdmissionRejectionsPerSecond)
+        .unwrap();
+    assert_eq!(report.state, SignalState::Unsupported);
+    assert_eq!(
+        report.summary,
+        "admissionRejectionsPerSecond not exported by these replicas (target ignored)"
+    );
+    let c = out.condition(ConditionKind::MetricsAvailable).unwrap();
+    assert_eq!(c.reason, "MetricsReported");
+    assert!(
+        c.message.ends_with(
+            "; admissionRejectionsPerSecond not exported by these replicas, target ignored"
+        ),
+        "{}",
+        c.message
+    );
 }
 
 #[test]

@@ -76,6 +76,8 @@ pub fn fleet(replicas: Vec<ReplicaSignals>) -> FleetSignals {
         rejections_per_second_per_replica: (!rates.is_empty())
             .then(|| rates.iter().sum::<f64>() / rates.len() as f64),
         ttft_p99_seconds: None,
+        // Not known: every signal counts as exported.
+        exported: None,
         replicas,
     }
 }

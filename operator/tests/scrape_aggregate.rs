@@ -1,13 +1,15 @@
 //! Fleet aggregation across control periods: counter resets (per series), KV
-//! max-then-mean, TTFT p99 from summed buckets, forgetting replicas.
+//! max-then-mean, TTFT p99 from summed buckets, forgetting replicas, and which signal
+//! families the period's successful scrapes carried.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use ballast_operator::scrape::Tracker;
 use ballast_operator::scrape::aggregate::histogram_quantile;
 use ballast_operator::scrape::dialect::adapt;
 use ballast_operator::scrape::parser::parse;
-use ballast_operator::signals::{CounterSeries, Dialect, ReplicaSample};
+use ballast_operator::signals::{CounterSeries, Dialect, Family, ReplicaSample};
 
 const INF: f64 = f64::INFINITY;
 
@@ -27,6 +29,7 @@ fn by_reason(series: &[(&str, f64)]) -> ReplicaSample {
         .collect();
     ReplicaSample {
         rejections_total: Some(series),
+        families: [Family::Rejections].into(),
         ..ReplicaSample::default()
     }
 }
@@ -240,6 +243,7 @@ fn a_new_reason_series_counts_from_zero() {
     // A labelled counter that has counted nothing yet is only declared: rate 0, not none.
     let declared = ReplicaSample {
         rejections_total: Some(CounterSeries::new()),
+        families: [Family::Rejections].into(),
         ..ReplicaSample::default()
     };
     tracker.observe(t0, [("a", Some(&declared))], 0);
@@ -249,4 +253,45 @@ fn a_new_reason_series_counts_from_zero() {
     let first = by_reason(&[("max_num_queued_reqs", 5.0)]);
     let f = tracker.observe(secs(t0, 10), [("a", Some(&first))], 0);
     assert_eq!(f.rejections_per_second_per_replica, Some(1.0));
+}
+
+#[test]
+fn exported_families_come_from_successful_scrapes_only() {
+    let t0 = Instant::now();
+    let mut tracker = Tracker::new();
+    let fixture = |file: &str| {
+        let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+        adapt(
+            Dialect::Vllm,
+            &parse(&std::fs::read_to_string(path).unwrap()),
+        )
+    };
+    // An older vLLM without `vllm:admission_rejections_total`, and one that failed.
+    let old = fixture("vllm_v0_single.prom");
+    let f = tracker.observe(t0, [("a", Some(&old)), ("b", None)], 0);
+    let expected: BTreeSet<Family> = [Family::Waiting, Family::KvUsage, Family::Ttft].into();
+    assert_eq!(f.exported, Some(expected));
+    assert!(f.lacks(Family::Rejections));
+    assert!(!f.lacks(Family::Waiting));
+
+    // No scrape succeeded: nothing is known, so nothing is "not exported".
+    let f = tracker.observe(secs(t0, 5), [("a", None), ("b", None)], 0);
+    assert_eq!(f.exported, None);
+    assert!(!f.lacks(Family::Rejections));
+
+    // A replica that has the counter makes the family exported for the fleet.
+    let new = fixture("vllm_v1_dp2.prom");
+    let f = tracker.observe(secs(t0, 10), [("a", Some(&old)), ("b", Some(&new))], 0);
+    assert!(!f.lacks(Family::Rejections));
+    assert_eq!(f.exported.as_ref().map(BTreeSet::len), Some(4));
+
+    // Its scrape failing does not make the family "not exported": its last successful
+    // scrape speaks for it, so the signal is missing (no scale-down), not ignored.
+    let f = tracker.observe(secs(t0, 15), [("a", Some(&old)), ("b", None)], 0);
+    assert!(!f.lacks(Family::Rejections));
+    assert_eq!(f.rejections_per_second_per_replica, None);
+
+    // Once it is gone, the remaining replicas do not export it.
+    let f = tracker.observe(secs(t0, 20), [("a", Some(&old))], 0);
+    assert!(f.lacks(Family::Rejections));
 }

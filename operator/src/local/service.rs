@@ -2,7 +2,7 @@
 //! them, decides with the shared decision core, and acts by starting, draining and
 //! re-routing processes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,7 @@ use super::router::{Backend, RouteTable, ServiceRoutes};
 use super::view::View;
 use crate::control::EngineControlClient;
 use crate::control::proto::SetDpWeightsRequest;
-use crate::decide::{ConditionUpdate, DecideInput, History, Outcome, SignalName, decide};
+use crate::decide::{ConditionUpdate, DecideInput, History, Outcome, decide};
 use crate::scrape::{ScrapeConfig, Scraper, Target, Tracker};
 use crate::signals::Dialect;
 
@@ -364,7 +364,6 @@ impl Service {
             .map(|r| r.name.clone())
             .collect();
         input.dp_weights = self.dp_weights.clone();
-        input.unsupported_signals = unsupported(self.dialect);
         let outcome = decide(&input, &self.history, self.epoch.elapsed());
         self.apply(&outcome).await;
     }
@@ -481,16 +480,6 @@ impl Service {
         }
         self.replicas.clear();
         self.publish_status();
-    }
-}
-
-/// Signals a dialect cannot expose at all (their targets are ignored, not "missing").
-fn unsupported(dialect: Dialect) -> BTreeSet<SignalName> {
-    match dialect {
-        Dialect::Sglang => [SignalName::AdmissionRejectionsPerSecond]
-            .into_iter()
-            .collect(),
-        Dialect::Ballast | Dialect::Vllm => BTreeSet::new(),
     }
 }
 

@@ -11,8 +11,12 @@
 //! subtract the lost count from the other's increase; a series that is new counts from
 //! zero. Histograms and per-rank vectors are judged as a whole (any bucket or rank going
 //! down, or a changed layout, is a reset) so the result stays cumulative and consistent.
+//!
+//! The fleet view also says which signal families the replicas' successful scrapes
+//! carried ([`FleetSignals::exported`]): a failed scrape says nothing about what a replica
+//! exports, so its last successful one speaks for it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use crate::signals::{CounterSeries, FleetSignals, ReplicaSample, ReplicaSignals};
@@ -45,6 +49,12 @@ impl Tracker {
     /// waiting, mean of per-replica KV maxima, mean of 429 rates over replicas that have a
     /// rate yet, p99 of TTFT bucket increases summed by `le`), and is `None` when none
     /// does, so a signal a dialect lacks is "unknown", never 0.
+    ///
+    /// `exported` is the union of the families carried by the latest successful sample of
+    /// every replica listed now: a replica whose scrape failed this period still counts
+    /// with what it exported before, so a failed scrape of the only replicas that have a
+    /// family leaves that signal *missing* (no scale-down), never *not exported*. It is
+    /// `None` when no scrape succeeded this period.
     pub fn observe<'a>(
         &mut self,
         at: Instant,
@@ -68,7 +78,16 @@ impl Tracker {
             self.previous.insert(name.to_owned(), (sample.clone(), at));
         }
         self.previous.retain(|name, _| listed.contains(name));
-        fleet(listed.len(), starting, reporting)
+        let exported = (!reporting.is_empty()).then(|| {
+            self.previous
+                .values()
+                .flat_map(|(s, _)| s.families.iter().copied())
+                .collect::<BTreeSet<_>>()
+        });
+        FleetSignals {
+            exported,
+            ..fleet(listed.len(), starting, reporting)
+        }
     }
 
     /// Replicas with a remembered sample.
@@ -212,6 +231,7 @@ fn fleet(
         kv_usage,
         rejections_per_second_per_replica: rejections,
         ttft_p99_seconds: ttft.and_then(|b| histogram_quantile(TTFT_QUANTILE, &b)),
+        exported: None,
         replicas: reporting.into_iter().map(|(_, r)| r).collect(),
     }
 }

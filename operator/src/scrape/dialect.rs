@@ -7,7 +7,9 @@
 //! reset is judged per series), histogram buckets are summed **by `le`**. A value that is
 //! negative, or a ratio outside [0, 1], makes its field `None` rather than a wrong number;
 //! a histogram whose series disagree on their bounds, lack `+Inf` or are not cumulative is
-//! left empty.
+//! left empty. Each sample also records which signal [`Family`]s the exposition carried at
+//! all (declared by `# TYPE` or sampled), usable or not: a family these replicas do not
+//! export must be told from one whose values were unusable.
 //!
 //! # What the names are based on
 //!
@@ -33,7 +35,7 @@
 //!   (labelled by `model_name`). `sglang:realtime_tokens_total{mode}` counts tokens per
 //!   scheduler (`prefill_compute`, `prefill_cache`, `decode`); computed tokens per rank are
 //!   `prefill_compute + decode`. SGLang has no per-request HTTP 429 counter, so
-//!   `rejections_total` stays `None`.
+//!   `rejections_total` stays `None` and the rejection family is never carried.
 //! - **`sglang:dp_attention_*`**: no such family was found in SGLang's collector source.
 //!   The only trace is a pull-request description naming a histogram
 //!   `sglang:dp_attention_token_imbalance_ratio` (max tokens × ranks / sum, like ours);
@@ -45,10 +47,10 @@
 //! metrics enabled on all schedulers) describe the same requests, so SGLang series are
 //! first folded **by `dp_rank`** with a max, then combined across ranks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::parser::{Exposition, Sample};
-use crate::signals::{CounterSeries, Dialect, ReplicaSample};
+use crate::signals::{CounterSeries, Dialect, Family, ReplicaSample};
 
 /// Highest DP rank index accepted in a label; a larger one is treated as garbage rather
 /// than allocating a vector that long.
@@ -77,10 +79,13 @@ pub fn is_usable(s: &ReplicaSample) -> bool {
 }
 
 fn ballast(exp: &Exposition) -> ReplicaSample {
+    const WAITING: &str = "ballast_num_requests_waiting_by_reason";
+    const KV: &str = "ballast_kv_cache_usage_ratio";
     const REJECTIONS: &str = "ballast_admission_rejections_total";
+    const TTFT: &str = "ballast_time_to_first_token_seconds";
     let waiting = |reason: &'static str| {
         sum_counts(
-            exp.named("ballast_num_requests_waiting_by_reason")
+            exp.named(WAITING)
                 .filter(move |s| s.label("reason") == Some(reason)),
         )
     };
@@ -88,7 +93,7 @@ fn ballast(exp: &Exposition) -> ReplicaSample {
         running: sum_counts(exp.named("ballast_num_requests_running")),
         waiting_capacity: waiting("capacity"),
         waiting_deferred: waiting("deferred"),
-        kv_usage: max_ratio(exp.named("ballast_kv_cache_usage_ratio")),
+        kv_usage: max_ratio(exp.named(KV)),
         rejections_total: counter_series(exp, REJECTIONS),
         ttft_buckets: buckets(exp.named("ballast_time_to_first_token_seconds_bucket")),
         dp_tokens: per_rank(
@@ -99,6 +104,15 @@ fn ballast(exp: &Exposition) -> ReplicaSample {
         dp_imbalance: pair(
             sum_counts(exp.named("ballast_dp_token_imbalance_ratio_sum")),
             sum_counts(exp.named("ballast_dp_token_imbalance_ratio_count")),
+        ),
+        families: families(
+            exp,
+            &[
+                (Family::Waiting, &[WAITING]),
+                (Family::KvUsage, &[KV]),
+                (Family::Rejections, &[REJECTIONS]),
+                (Family::Ttft, &[TTFT]),
+            ],
         ),
     }
 }
@@ -132,6 +146,18 @@ fn vllm(exp: &Exposition) -> ReplicaSample {
         ttft_buckets: buckets(exp.named("vllm:time_to_first_token_seconds_bucket")),
         dp_tokens: per_rank(exp.named("vllm:iteration_tokens_total_sum"), "engine"),
         dp_imbalance: None,
+        families: families(
+            exp,
+            &[
+                (Family::Waiting, &[BY_REASON, "vllm:num_requests_waiting"]),
+                (
+                    Family::KvUsage,
+                    &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+                ),
+                (Family::Rejections, &[REJECTIONS]),
+                (Family::Ttft, &["vllm:time_to_first_token_seconds"]),
+            ],
+        ),
     }
 }
 
@@ -158,7 +184,24 @@ fn sglang(exp: &Exposition) -> ReplicaSample {
             counts("sglang:dp_attention_token_imbalance_ratio_sum"),
             counts("sglang:dp_attention_token_imbalance_ratio_count"),
         ),
+        families: families(
+            exp,
+            &[
+                (Family::Waiting, &["sglang:num_queue_reqs"]),
+                (Family::KvUsage, &["sglang:token_usage"]),
+                (Family::Ttft, &["sglang:time_to_first_token_seconds"]),
+            ],
+        ),
     }
+}
+
+/// The signal families `exp` carries, each known by any of its dialect's family names.
+fn families(exp: &Exposition, names: &[(Family, &[&str])]) -> BTreeSet<Family> {
+    names
+        .iter()
+        .filter(|(_, names)| names.iter().any(|n| exp.carries(n)))
+        .map(|(f, _)| *f)
+        .collect()
 }
 
 /// A counter family per series, keyed by the series' labels: `None` when the family is not
