@@ -129,7 +129,10 @@ pub struct FleetSignals {
     pub deferred_waiting: Option<f64>,
     /// Mean over reporting replicas of each replica's KV usage (itself a max over ranks).
     pub kv_usage: Option<f64>,
-    /// Σ rejection rates / reporting replicas.
+    /// Mean rejection rate over the reporting replicas that have a rate this period (two
+    /// samples of the counter); `None` when none has. HPA multiplies a per-pod average by
+    /// the pods it was taken over, so the decision core counts the same replicas: those
+    /// whose [`ReplicaSignals::rejections_per_second`] is set.
     pub rejections_per_second_per_replica: Option<f64>,
     /// p99 of the TTFT buckets summed by `le` over replicas (never an average of
     /// per-replica quantiles). `None` without observations in the period.
@@ -151,5 +154,14 @@ impl FleetSignals {
     /// replica's latest successful scrape carried it. Unknown is not "not exported".
     pub fn lacks(&self, family: Family) -> bool {
         self.exported.as_ref().is_some_and(|e| !e.contains(&family))
+    }
+
+    /// Reporting replicas that have a rejection rate this period: the ones
+    /// `rejections_per_second_per_replica` averages over.
+    pub fn with_rejection_rate(&self) -> usize {
+        self.replicas
+            .iter()
+            .filter(|r| r.rejections_per_second.is_some())
+            .count()
     }
 }

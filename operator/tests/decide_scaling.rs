@@ -391,6 +391,51 @@ fn a_missing_signal_allows_scale_up_but_blocks_scale_down() {
 }
 
 #[test]
+fn the_rejection_rate_is_averaged_and_multiplied_over_the_same_replicas() {
+    // Rejections only, so the recommendation is that signal's alone.
+    let mut sp = capacity_only(4.0, 1, 20);
+    let t = &mut sp.autoscaling.targets;
+    t.capacity_waiting_per_replica = None;
+    t.admission_rejections_per_second = Some(0.05);
+    sp.autoscaling
+        .behavior
+        .scale_down
+        .stabilization_window_seconds = Some(0);
+    let rejection_recommendation = |out: &ballast_operator::decide::Outcome| {
+        out.reports
+            .iter()
+            .find(|r| r.signal == SignalName::AdmissionRejectionsPerSecond)
+            .and_then(|r| r.replicas)
+    };
+
+    // Three replicas report; r2 just joined and has one sample of its counter, no rate.
+    // The fleet value is the mean over r0 and r1: 0.2/s, ratio 4. HPA multiplies by the
+    // pods that have the metric: ceil(4 × 2) = 8, not ceil(4 × 3) = 12.
+    let mut reps = replicas(3, 0.1, 0.0);
+    reps[0].rejections_per_second = Some(0.2);
+    reps[1].rejections_per_second = Some(0.2);
+    reps[2].rejections_per_second = None;
+    let f = fleet(reps.clone());
+    assert_eq!(f.rejections_per_second_per_replica, Some(0.2));
+    let out = decide(&input(&sp, 3, f), &History::default(), s(0));
+    assert_eq!(rejection_recommendation(&out), Some(8), "{}", out.message);
+    assert_eq!(
+        (out.action, out.desired_replicas),
+        (Action::ScaleUp, 7),
+        "the larger of +4 pods and +100 % per 15 s from 3"
+    );
+
+    // Going down, the replica without a rate is one of HPA's missing pods, assumed at the
+    // target: (2 × 0.2 + 1) / 3 of the target over 3 → ceil(1.4) = 2, where the plain
+    // rule over the same two would say 1 and over all three ceil(0.6) = 1.
+    reps[0].rejections_per_second = Some(0.01);
+    reps[1].rejections_per_second = Some(0.01);
+    let out = decide(&input(&sp, 3, fleet(reps)), &History::default(), s(0));
+    assert_eq!(rejection_recommendation(&out), Some(2), "{}", out.message);
+    assert_eq!((out.action, out.desired_replicas), (Action::ScaleDown, 2));
+}
+
+#[test]
 fn a_starting_replica_prevents_a_second_scale_up() {
     let mut sim = Sim::new(spec(), 2);
     sim.spec.autoscaling.max_replicas = 10;

@@ -199,6 +199,20 @@ pub(super) fn autoscale(c: &Ctx) -> ScaleStep {
             }
             continue;
         };
+        // HPA averages a pod metric over the pods that have it and multiplies by that same
+        // count; ready pods without it are missing. A replica's 429 rate needs two samples
+        // of its counter, so one that just joined reports but has no rate yet.
+        let pods = match o.signal {
+            SignalName::AdmissionRejectionsPerSecond => {
+                let with_rate = f.with_rejection_rate().min(reporting);
+                Pods {
+                    reporting: sat(with_rate),
+                    missing: sat(ready - with_rate),
+                    ..pods
+                }
+            }
+            _ => pods,
+        };
         let mut r = hpa::propose(v / o.target, current, pods, tolerance);
         if deferred {
             // Deferred requests inflate rejections and TTFT but not capacity: only
