@@ -206,8 +206,9 @@ pub struct AutoscalingSpec {
     #[serde(default = "default_tolerance")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self < 1.0").message("tolerance must be in [0, 1)"))]
     pub tolerance: f64,
-    /// Stabilisation windows and rate policies, as HPA's `behavior`.
-    #[serde(default)]
+    /// Stabilisation windows and rate policies, as HPA's `behavior`; each field left out
+    /// takes HPA's default for its direction.
+    #[serde(default, skip_serializing_if = "BehaviorSpec::is_unset")]
     pub behavior: BehaviorSpec,
 }
 
@@ -240,34 +241,138 @@ pub struct TargetsSpec {
     pub ttft_p99_seconds: Option<f64>,
 }
 
-/// Scale-up and scale-down behaviour.
+/// Scale-up and scale-down behaviour, as HPA's `behavior`. Every field left out takes HPA's
+/// default for its direction, one field at a time (as Kubernetes' `GenerateHPAScaleUpRules`
+/// and `GenerateHPAScaleDownRules` fill them): `scaleDown: {policies: [...]}` keeps the
+/// 300 s window, `scaleUp: {stabilizationWindowSeconds: 60}` keeps the rate limits.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BehaviorSpec {
-    /// Default: no window; the larger of +100 % and +4 pods per 15 s.
-    #[serde(default = "default_scale_up")]
+    /// Scale-up rules. Unset fields: no stabilisation window, `selectPolicy: Max`, and the
+    /// policies +4 pods and +100 % per 15 s (the larger change wins).
+    #[serde(default, skip_serializing_if = "ScalingRules::is_unset")]
     pub scale_up: ScalingRules,
-    /// Default: 300 s window; −100 % per 15 s.
-    #[serde(default = "default_scale_down")]
+    /// Scale-down rules. Unset fields: a 300 s stabilisation window, `selectPolicy: Max`,
+    /// and the policy −100 % per 15 s.
+    #[serde(default, skip_serializing_if = "ScalingRules::is_unset")]
     pub scale_down: ScalingRules,
 }
 
-/// One direction's stabilisation window and rate policies.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// One direction's stabilisation window and rate policies. A field left out takes the
+/// direction's default (see `scaleUp` and `scaleDown`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ScalingRules {
     /// Seconds of recommendations considered: scale-down takes the highest in the window,
-    /// scale-up the lowest.
-    #[serde(default)]
+    /// scale-up the lowest. Unset: 0 for `scaleUp`, 300 for `scaleDown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0 && self <= 3600").message("stabilizationWindowSeconds must be 0..3600"))]
-    pub stabilization_window_seconds: i32,
+    pub stabilization_window_seconds: Option<i32>,
     /// Which policy wins when several allow different changes: `Max` (largest change),
-    /// `Min` (smallest) or `Disabled` (no change in this direction).
-    #[serde(default)]
-    pub select_policy: SelectPolicy,
-    /// Limits on the change per period.
-    #[serde(default)]
+    /// `Min` (smallest) or `Disabled` (no change in this direction). Unset: `Max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select_policy: Option<SelectPolicy>,
+    /// Limits on the change per period. Unset or empty: the direction's default policies
+    /// (HPA's API refuses an empty list; Ballast reads it as unset).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<ScalingPolicy>,
+}
+
+impl BehaviorSpec {
+    /// Both directions' rules with every unset field filled from HPA's defaults: what the
+    /// decision core applies.
+    pub fn resolved(&self) -> ResolvedBehavior {
+        ResolvedBehavior {
+            scale_up: self.scale_up.resolve(ResolvedRules::scale_up_defaults()),
+            scale_down: self
+                .scale_down
+                .resolve(ResolvedRules::scale_down_defaults()),
+        }
+    }
+
+    /// Nothing set in either direction (all of HPA's defaults).
+    pub fn is_unset(&self) -> bool {
+        self.scale_up.is_unset() && self.scale_down.is_unset()
+    }
+}
+
+impl ScalingRules {
+    /// Nothing set: every field takes the direction's default.
+    pub fn is_unset(&self) -> bool {
+        self == &ScalingRules::default()
+    }
+
+    /// These rules with each unset field (and an empty policy list) taken from
+    /// `defaults`, field by field, as Kubernetes' `copyHPAScalingRules`.
+    pub fn resolve(&self, defaults: ResolvedRules) -> ResolvedRules {
+        ResolvedRules {
+            stabilization_window_seconds: self
+                .stabilization_window_seconds
+                .unwrap_or(defaults.stabilization_window_seconds),
+            select_policy: self.select_policy.unwrap_or(defaults.select_policy),
+            policies: if self.policies.is_empty() {
+                defaults.policies
+            } else {
+                self.policies.clone()
+            },
+        }
+    }
+}
+
+/// [`BehaviorSpec`] with HPA's defaults filled in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedBehavior {
+    /// Scale-up rules.
+    pub scale_up: ResolvedRules,
+    /// Scale-down rules.
+    pub scale_down: ResolvedRules,
+}
+
+/// One direction's rules with nothing left unset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedRules {
+    /// Seconds of recommendations considered.
+    pub stabilization_window_seconds: i32,
+    /// How the policies combine.
+    pub select_policy: SelectPolicy,
+    /// The rate policies; never empty after [`ScalingRules::resolve`].
+    pub policies: Vec<ScalingPolicy>,
+}
+
+impl ResolvedRules {
+    /// HPA's scale-up defaults: no window; the larger of +4 pods and +100 % per 15 s.
+    pub fn scale_up_defaults() -> ResolvedRules {
+        ResolvedRules {
+            stabilization_window_seconds: 0,
+            select_policy: SelectPolicy::Max,
+            policies: vec![
+                ScalingPolicy {
+                    type_: PolicyType::Pods,
+                    value: 4,
+                    period_seconds: 15,
+                },
+                ScalingPolicy {
+                    type_: PolicyType::Percent,
+                    value: 100,
+                    period_seconds: 15,
+                },
+            ],
+        }
+    }
+
+    /// HPA's scale-down defaults: a 300 s window (the controller's
+    /// `--horizontal-pod-autoscaler-downscale-stabilization`); −100 % per 15 s.
+    pub fn scale_down_defaults() -> ResolvedRules {
+        ResolvedRules {
+            stabilization_window_seconds: 300,
+            select_policy: SelectPolicy::Max,
+            policies: vec![ScalingPolicy {
+                type_: PolicyType::Percent,
+                value: 100,
+                period_seconds: 15,
+            }],
+        }
+    }
 }
 
 /// How policies combine.
@@ -517,35 +622,6 @@ fn default_kv_usage() -> Option<f64> {
 fn default_rejections() -> Option<f64> {
     Some(0.05)
 }
-fn default_scale_up() -> ScalingRules {
-    ScalingRules {
-        stabilization_window_seconds: 0,
-        select_policy: SelectPolicy::Max,
-        policies: vec![
-            ScalingPolicy {
-                type_: PolicyType::Pods,
-                value: 4,
-                period_seconds: 15,
-            },
-            ScalingPolicy {
-                type_: PolicyType::Percent,
-                value: 100,
-                period_seconds: 15,
-            },
-        ],
-    }
-}
-fn default_scale_down() -> ScalingRules {
-    ScalingRules {
-        stabilization_window_seconds: 300,
-        select_policy: SelectPolicy::Max,
-        policies: vec![ScalingPolicy {
-            type_: PolicyType::Percent,
-            value: 100,
-            period_seconds: 15,
-        }],
-    }
-}
 fn default_hot_kv() -> f64 {
     0.95
 }
@@ -686,7 +762,9 @@ impl InferenceServiceSpec {
         );
         for rules in [&a.behavior.scale_up, &a.behavior.scale_down] {
             check(
-                (0..=3600).contains(&rules.stabilization_window_seconds),
+                rules
+                    .stabilization_window_seconds
+                    .is_none_or(|w| (0..=3600).contains(&w)),
                 "stabilizationWindowSeconds must be 0..3600",
             );
             for p in &rules.policies {

@@ -68,10 +68,10 @@ fn defaults_follow_the_contract() {
     assert_eq!(a.targets.kv_cache_usage, Some(0.85));
     assert_eq!(a.targets.admission_rejections_per_second, Some(0.05));
     assert_eq!(a.targets.ttft_p99_seconds, None);
-    assert_eq!(a.behavior.scale_up.stabilization_window_seconds, 0);
-    assert_eq!(a.behavior.scale_down.stabilization_window_seconds, 300);
-    let up: Vec<_> = a
-        .behavior
+    let behavior = a.behavior.resolved();
+    assert_eq!(behavior.scale_up.stabilization_window_seconds, 0);
+    assert_eq!(behavior.scale_down.stabilization_window_seconds, 300);
+    let up: Vec<_> = behavior
         .scale_up
         .policies
         .iter()

@@ -5,6 +5,8 @@
 //! Aggregation rules of the control-plane contract §3 live in the scrape module that
 //! produces these; the decision core only consumes them.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 /// Which series names a replica's exposition uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dialect {
@@ -26,10 +28,33 @@ impl From<ballast_crds::EngineKind> for Dialect {
     }
 }
 
+/// The family of series behind one scaling signal, whatever a dialect calls it.
+///
+/// Which families a fleet's replicas export decides what a missing value means: a family
+/// no successful scrape carried is *not exported* by these replicas (an older vLLM without
+/// `vllm:admission_rejections_total`, SGLang), and its target is ignored; a family that is
+/// exported but has no usable value is *missing*, which blocks scale-down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// Requests waiting (by reason, or all waiting).
+    Waiting,
+    /// KV cache usage.
+    KvUsage,
+    /// The admission-rejection (HTTP 429) counter.
+    Rejections,
+    /// The time-to-first-token histogram.
+    Ttft,
+}
+
+/// Lifetime values of one counter family, one entry per series, keyed by the series'
+/// labels (e.g. `engine="0",reason="max_num_queued_reqs"`). Kept per series so a reset is
+/// judged per series: one reason restarting from zero while another grows is still a reset.
+pub type CounterSeries = BTreeMap<String, f64>;
+
 /// One scrape of one replica, after the dialect adapter. Gauges are already combined over
 /// the replica's data-parallel ranks (waiting summed, KV usage max); counters are raw
-/// lifetime values (summed over ranks and labels) so rates can be taken between scrapes.
-/// `None` means the exposition did not carry the series.
+/// lifetime values so rates can be taken between scrapes. `None` means the exposition did
+/// not carry the series, or carried values that cannot be right (negative counts).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplicaSample {
     /// Requests running, summed over ranks.
@@ -42,8 +67,9 @@ pub struct ReplicaSample {
     pub waiting_deferred: Option<f64>,
     /// KV cache usage in [0, 1]: the max over ranks, never the mean.
     pub kv_usage: Option<f64>,
-    /// Lifetime admission rejections (HTTP 429), summed over ranks and reasons.
-    pub rejections_total: Option<f64>,
+    /// Lifetime admission rejections (HTTP 429), per series (reason and rank). Empty when
+    /// the family is declared (`# TYPE`) but no rejection has happened yet.
+    pub rejections_total: Option<CounterSeries>,
     /// TTFT histogram: cumulative counts per upper bound (`le`, +Inf last), summed over
     /// ranks by `le`. Empty when absent.
     pub ttft_buckets: Vec<(f64, f64)>,
@@ -51,6 +77,16 @@ pub struct ReplicaSample {
     pub dp_tokens: Vec<f64>,
     /// Lifetime sum and count of the DP token-imbalance-ratio histogram (rank 0's).
     pub dp_imbalance: Option<(f64, f64)>,
+    /// The signal families the exposition carried (declared or with samples), whether or
+    /// not their values were usable.
+    pub families: BTreeSet<Family>,
+}
+
+impl ReplicaSample {
+    /// Lifetime admission rejections summed over series, for display.
+    pub fn rejections_sum(&self) -> Option<f64> {
+        self.rejections_total.as_ref().map(|s| s.values().sum())
+    }
 }
 
 /// What one replica's samples mean over a control period.
@@ -66,8 +102,9 @@ pub struct ReplicaSignals {
     pub deferred_waiting: f64,
     /// Latest KV usage (max over ranks).
     pub kv_usage: f64,
-    /// 429s per second over the period (counter increase; a reset counts from zero).
-    /// `None` without two samples.
+    /// 429s per second over the period: the sum of each series' increase, a series that
+    /// went down (reset) or is new counting from zero. `None` without two samples that
+    /// both carry the counter.
     pub rejections_per_second: Option<f64>,
     /// TTFT bucket increases over the period, cumulative by `le` (+Inf last).
     pub ttft_bucket_increase: Vec<(f64, f64)>,
@@ -92,16 +129,39 @@ pub struct FleetSignals {
     pub deferred_waiting: Option<f64>,
     /// Mean over reporting replicas of each replica's KV usage (itself a max over ranks).
     pub kv_usage: Option<f64>,
-    /// Σ rejection rates / reporting replicas.
+    /// Mean rejection rate over the reporting replicas that have a rate this period (two
+    /// samples of the counter); `None` when none has. HPA multiplies a per-pod average by
+    /// the pods it was taken over, so the decision core counts the same replicas: those
+    /// whose [`ReplicaSignals::rejections_per_second`] is set.
     pub rejections_per_second_per_replica: Option<f64>,
     /// p99 of the TTFT buckets summed by `le` over replicas (never an average of
     /// per-replica quantiles). `None` without observations in the period.
     pub ttft_p99_seconds: Option<f64>,
+    /// The families the replicas' successful scrapes carried (each listed replica's
+    /// latest successful one); `None` when that is not known (no scrape succeeded this
+    /// period, or a runtime that does not tell). A family absent from a known set is not
+    /// exported by these replicas.
+    pub exported: Option<BTreeSet<Family>>,
 }
 
 impl FleetSignals {
     /// Replicas that reported.
     pub fn reporting(&self) -> usize {
         self.replicas.len()
+    }
+
+    /// Whether `family` is known not to be exported: a scrape succeeded this period and no
+    /// replica's latest successful scrape carried it. Unknown is not "not exported".
+    pub fn lacks(&self, family: Family) -> bool {
+        self.exported.as_ref().is_some_and(|e| !e.contains(&family))
+    }
+
+    /// Reporting replicas that have a rejection rate this period: the ones
+    /// `rejections_per_second_per_replica` averages over.
+    pub fn with_rejection_rate(&self) -> usize {
+        self.replicas
+            .iter()
+            .filter(|r| r.rejections_per_second.is_some())
+            .count()
     }
 }

@@ -37,7 +37,7 @@ fn algorithm_details_200m_against_100m_doubles_and_50m_halves() {
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
     let out = decide(
         &input(&sp, 4, load(4, 4.0 * 200.0)),
         &History::default(),
@@ -75,7 +75,7 @@ fn algorithm_details_missing_metrics_assumed_at_target_down_and_zero_up() {
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
     // 3 of 4 ready report 50m: (3 × 0.5 + 1) / 4 = 0.625 → ceil(2.5) = 3, not 2.
     let mut f = load(3, 3.0 * 50.0);
     f.ready = 4;
@@ -99,7 +99,7 @@ fn multiple_metrics_largest_wins_and_a_failed_metric_blocks_only_scale_down() {
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
     // Capacity asks for ceil(24 / 4) = 6, KV 0.95 / 0.85 × 4 → 5: 6 wins.
     let out = decide(
         &input(&sp, 4, fleet(replicas(4, 0.95, 6.0))),
@@ -165,7 +165,7 @@ fn example_change_downscale_stabilization_window_to_60s() {
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 60;
+        .stabilization_window_seconds = Some(60);
     let mut sim = Sim::new(sp, 6);
     let low = || load(6, 200.0);
     let mut t = 0;
@@ -231,7 +231,7 @@ fn scaling_policies_example_4_pods_or_10_percent_per_minute() {
     // (No stabilisation window here, to isolate the policies.)
     let mut sp = capacity_only(100.0, 1, 100);
     let down = &mut sp.autoscaling.behavior.scale_down;
-    down.stabilization_window_seconds = 0;
+    down.stabilization_window_seconds = Some(0);
     down.policies = vec![
         policy(PolicyType::Pods, 4, 60),
         policy(PolicyType::Percent, 10, 60),
@@ -247,7 +247,7 @@ fn example_limit_scale_down_rate_to_10_percent_per_minute() {
     // "To limit the rate at which pods are removed by the HPA to 10% per minute".
     let mut sp = capacity_only(100.0, 1, 100);
     let down = &mut sp.autoscaling.behavior.scale_down;
-    down.stabilization_window_seconds = 0;
+    down.stabilization_window_seconds = Some(0);
     down.policies = vec![policy(PolicyType::Percent, 10, 60)];
     let path = scale_down_path(sp, 100, 10.0);
     assert_eq!(path[..6], [100, 90, 81, 72, 64, 57]);
@@ -260,8 +260,8 @@ fn example_no_more_than_5_pods_per_minute_with_select_policy_min() {
     // scale-down policy with a fixed size of 5, and set selectPolicy to minimum."
     let mut sp = capacity_only(100.0, 1, 100);
     let down = &mut sp.autoscaling.behavior.scale_down;
-    down.stabilization_window_seconds = 0;
-    down.select_policy = SelectPolicy::Min;
+    down.stabilization_window_seconds = Some(0);
+    down.select_policy = Some(SelectPolicy::Min);
     down.policies = vec![
         policy(PolicyType::Percent, 10, 60),
         policy(PolicyType::Pods, 5, 60),
@@ -281,8 +281,8 @@ fn example_disable_scale_down() {
     // "The selectPolicy value of Disabled turns off scaling the given direction."
     let mut sp = capacity_only(100.0, 1, 100);
     let down = &mut sp.autoscaling.behavior.scale_down;
-    down.stabilization_window_seconds = 0;
-    down.select_policy = SelectPolicy::Disabled;
+    down.stabilization_window_seconds = Some(0);
+    down.select_policy = Some(SelectPolicy::Disabled);
     assert_eq!(scale_down_path(sp.clone(), 20, 1.0), [20]);
     let out = decide(&input(&sp, 20, load(20, 100.0)), &History::default(), s(0));
     assert_eq!(

@@ -84,8 +84,8 @@ fn rules_strategy(window_max: i32) -> impl Strategy<Value = ballast_crds::Scalin
         ),
     )
         .prop_map(|(w, select, ps)| ballast_crds::ScalingRules {
-            stabilization_window_seconds: w,
-            select_policy: select,
+            stabilization_window_seconds: Some(w),
+            select_policy: Some(select),
             policies: ps
                 .into_iter()
                 .map(|(type_, value, period_seconds)| ScalingPolicy {

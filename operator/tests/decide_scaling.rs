@@ -4,7 +4,8 @@
 mod support;
 
 use ballast_crds::Action;
-use ballast_operator::decide::{ConditionKind, History, Reason, SignalName, decide};
+use ballast_operator::decide::{ConditionKind, History, Reason, SignalName, SignalState, decide};
+use ballast_operator::signals::Family;
 use support::*;
 
 /// One row: replicas' (KV, capacity waiting), current size, expected size and reason.
@@ -239,7 +240,7 @@ fn deferred_waiting_blocks_scale_down() {
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
     let mut reps = replicas(4, 0.1, 0.0);
     for r in &mut reps {
         r.deferred_waiting = 3.0;
@@ -327,7 +328,7 @@ fn a_missing_signal_allows_scale_up_but_blocks_scale_down() {
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
 
     // KV is NaN on one replica (so the fleet mean is garbage); capacity is high.
     let mut reps = replicas(2, 0.5, 7.0);
@@ -362,12 +363,76 @@ fn a_missing_signal_allows_scale_up_but_blocks_scale_down() {
         "no scale-down recommendation is remembered"
     );
 
-    // A dialect without the signal at all: its target is ignored, scale-down proceeds.
-    let mut i = input(&sp, 4, fleet(reps));
-    i.unsupported_signals
-        .insert(SignalName::AdmissionRejectionsPerSecond);
-    let out = decide(&i, &History::default(), s(0));
+    // Replicas that do not export the signal at all: its target is ignored, scale-down
+    // proceeds, and status says why.
+    let mut f = fleet(reps);
+    f.exported = Some([Family::Waiting, Family::KvUsage, Family::Ttft].into());
+    let out = decide(&input(&sp, 4, f), &History::default(), s(0));
     assert_eq!(out.action, Action::ScaleDown, "{}", out.message);
+    let report = out
+        .reports
+        .iter()
+        .find(|r| r.signal == SignalName::AdmissionRejectionsPerSecond)
+        .unwrap();
+    assert_eq!(report.state, SignalState::Unsupported);
+    assert_eq!(
+        report.summary,
+        "admissionRejectionsPerSecond not exported by these replicas (target ignored)"
+    );
+    let c = out.condition(ConditionKind::MetricsAvailable).unwrap();
+    assert_eq!(c.reason, "MetricsReported");
+    assert!(
+        c.message.ends_with(
+            "; admissionRejectionsPerSecond not exported by these replicas, target ignored"
+        ),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn the_rejection_rate_is_averaged_and_multiplied_over_the_same_replicas() {
+    // Rejections only, so the recommendation is that signal's alone.
+    let mut sp = capacity_only(4.0, 1, 20);
+    let t = &mut sp.autoscaling.targets;
+    t.capacity_waiting_per_replica = None;
+    t.admission_rejections_per_second = Some(0.05);
+    sp.autoscaling
+        .behavior
+        .scale_down
+        .stabilization_window_seconds = Some(0);
+    let rejection_recommendation = |out: &ballast_operator::decide::Outcome| {
+        out.reports
+            .iter()
+            .find(|r| r.signal == SignalName::AdmissionRejectionsPerSecond)
+            .and_then(|r| r.replicas)
+    };
+
+    // Three replicas report; r2 just joined and has one sample of its counter, no rate.
+    // The fleet value is the mean over r0 and r1: 0.2/s, ratio 4. HPA multiplies by the
+    // pods that have the metric: ceil(4 × 2) = 8, not ceil(4 × 3) = 12.
+    let mut reps = replicas(3, 0.1, 0.0);
+    reps[0].rejections_per_second = Some(0.2);
+    reps[1].rejections_per_second = Some(0.2);
+    reps[2].rejections_per_second = None;
+    let f = fleet(reps.clone());
+    assert_eq!(f.rejections_per_second_per_replica, Some(0.2));
+    let out = decide(&input(&sp, 3, f), &History::default(), s(0));
+    assert_eq!(rejection_recommendation(&out), Some(8), "{}", out.message);
+    assert_eq!(
+        (out.action, out.desired_replicas),
+        (Action::ScaleUp, 7),
+        "the larger of +4 pods and +100 % per 15 s from 3"
+    );
+
+    // Going down, the replica without a rate is one of HPA's missing pods, assumed at the
+    // target: (2 × 0.2 + 1) / 3 of the target over 3 → ceil(1.4) = 2, where the plain
+    // rule over the same two would say 1 and over all three ceil(0.6) = 1.
+    reps[0].rejections_per_second = Some(0.01);
+    reps[1].rejections_per_second = Some(0.01);
+    let out = decide(&input(&sp, 3, fleet(reps)), &History::default(), s(0));
+    assert_eq!(rejection_recommendation(&out), Some(2), "{}", out.message);
+    assert_eq!((out.action, out.desired_replicas), (Action::ScaleDown, 2));
 }
 
 #[test]
@@ -517,7 +582,7 @@ fn an_idle_fleet_without_ttft_samples_may_scale_down_but_garbage_ttft_may_not() 
     sp.autoscaling
         .behavior
         .scale_down
-        .stabilization_window_seconds = 0;
+        .stabilization_window_seconds = Some(0);
     let mut reps = replicas(4, 0.0, 0.0);
     for r in &mut reps {
         r.running = 0.0;
@@ -549,4 +614,58 @@ fn an_idle_fleet_without_ttft_samples_may_scale_down_but_garbage_ttft_may_not() 
         (out.action, out.reason),
         (Action::Hold, Reason::SignalMissing)
     );
+}
+
+/// A spec read from YAML with `behavior` as given, scaling on capacity waiting only.
+fn spec_with_behavior(behavior: &str) -> ballast_crds::InferenceServiceSpec {
+    let text = format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: m}}\n\
+         spec:\n  model: {{source: synthetic:tiny}}\n  rebalancing: {{enabled: false}}\n  \
+         autoscaling:\n    minReplicas: 1\n    maxReplicas: 20\n    \
+         targets: {{capacityWaitingPerReplica: 4, kvCacheUsage: null, admissionRejectionsPerSecond: null}}\n    \
+         behavior: {behavior}\n"
+    );
+    let docs = ballast_crds::parse_yaml(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    docs[0].spec.clone()
+}
+
+#[test]
+fn scale_down_policies_alone_keep_the_300s_window() {
+    let sp =
+        spec_with_behavior("{scaleDown: {policies: [{type: Pods, value: 1, periodSeconds: 15}]}}");
+    let mut sim = Sim::new(sp, 4);
+    let start = sim.now;
+    // Idle from the start: every period recommends 1.
+    let first_down = loop {
+        let at = sim.now;
+        let out = sim.step(fleet(replicas(sim.current as usize, 0.1, 0.0)), s(15));
+        if out.action == Action::ScaleDown {
+            break (at - start, out.desired_replicas);
+        }
+        assert_eq!(out.reason, Reason::Stabilizing, "{}", out.message);
+        assert!(at - start < s(400), "never scaled down");
+    };
+    // The seed recommendation (4) at the start leaves the window after 300 s; then the
+    // user's policy removes one replica per 15 s.
+    assert_eq!(first_down, (s(300), 3));
+}
+
+#[test]
+fn a_scale_up_window_alone_keeps_the_rate_limits() {
+    let sp = spec_with_behavior("{scaleUp: {stabilizationWindowSeconds: 0}}");
+    // 100 waiting per replica over 2: ceil(25 × 2) = 50, capped at maxReplicas 20, but the
+    // default policies allow the larger of +4 pods and +100 % per 15 s: 6.
+    let out = decide(
+        &input(&sp, 2, fleet(replicas(2, 0.1, 100.0))),
+        &History::default(),
+        s(0),
+    );
+    assert_eq!(
+        (out.action, out.desired_replicas),
+        (Action::ScaleUp, 6),
+        "{}",
+        out.message
+    );
+    let limited = out.condition(ConditionKind::ScalingLimited).unwrap();
+    assert_eq!((limited.status, limited.reason), (true, "ScaleUpLimit"));
 }

@@ -57,7 +57,8 @@ pub fn replicas(n: usize, kv: f64, waiting: f64) -> Vec<ReplicaSignals> {
 }
 
 /// The fleet view the scraper builds from these replicas (all ready, all reporting):
-/// sums for waiting, means for KV and rejection rates.
+/// sums for waiting, means for KV and for rejection rates (over the replicas that have
+/// one).
 pub fn fleet(replicas: Vec<ReplicaSignals>) -> FleetSignals {
     let n = replicas.len();
     let mean = |f: &dyn Fn(&ReplicaSignals) -> f64| {
@@ -76,6 +77,8 @@ pub fn fleet(replicas: Vec<ReplicaSignals>) -> FleetSignals {
         rejections_per_second_per_replica: (!rates.is_empty())
             .then(|| rates.iter().sum::<f64>() / rates.len() as f64),
         ttft_p99_seconds: None,
+        // Not known: every signal counts as exported.
+        exported: None,
         replicas,
     }
 }

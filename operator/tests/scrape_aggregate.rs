@@ -1,13 +1,15 @@
-//! Fleet aggregation across control periods: counter resets, KV max-then-mean, TTFT p99
-//! from summed buckets, forgetting replicas.
+//! Fleet aggregation across control periods: counter resets (per series), KV
+//! max-then-mean, TTFT p99 from summed buckets, forgetting replicas, and which signal
+//! families the period's successful scrapes carried.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use ballast_operator::scrape::Tracker;
 use ballast_operator::scrape::aggregate::histogram_quantile;
 use ballast_operator::scrape::dialect::adapt;
 use ballast_operator::scrape::parser::parse;
-use ballast_operator::signals::{Dialect, ReplicaSample};
+use ballast_operator::signals::{CounterSeries, Dialect, Family, ReplicaSample};
 
 const INF: f64 = f64::INFINITY;
 
@@ -16,8 +18,18 @@ fn secs(t0: Instant, s: u64) -> Instant {
 }
 
 fn with_rejections(total: f64) -> ReplicaSample {
+    by_reason(&[("full", total)])
+}
+
+/// A replica whose 429 counter has one series per reason.
+fn by_reason(series: &[(&str, f64)]) -> ReplicaSample {
+    let series: CounterSeries = series
+        .iter()
+        .map(|(reason, v)| (format!("reason={reason:?}"), *v))
+        .collect();
     ReplicaSample {
-        rejections_total: Some(total),
+        rejections_total: Some(series),
+        families: [Family::Rejections].into(),
         ..ReplicaSample::default()
     }
 }
@@ -191,4 +203,95 @@ fn a_replica_listed_twice_counts_once() {
     assert_eq!(f.reporting(), 1);
     assert_eq!(f.ready, 1);
     assert_eq!(f.capacity_waiting, Some(3.0));
+}
+
+#[test]
+fn a_reset_is_judged_per_reason_series() {
+    let t0 = Instant::now();
+    let mut tracker = Tracker::new();
+    let before = by_reason(&[
+        ("max_num_queued_reqs", 100.0),
+        ("max_num_queued_tokens", 50.0),
+    ]);
+    tracker.observe(t0, [("a", Some(&before))], 0);
+    // Over 10 s the tokens series was reset and counted 5 since; the requests series
+    // grew by 20. The sum went 150 → 125: summed first, that reads as a reset of the whole
+    // counter and an increase of 125. Per series it is 20 + 5.
+    let after = by_reason(&[
+        ("max_num_queued_reqs", 120.0),
+        ("max_num_queued_tokens", 5.0),
+    ]);
+    let f = tracker.observe(secs(t0, 10), [("a", Some(&after))], 0);
+    assert_eq!(f.replicas[0].rejections_per_second, Some(2.5));
+    assert_eq!(f.rejections_per_second_per_replica, Some(2.5));
+
+    // One series resetting while the other grows hides the reset from the sum: 125 → 150
+    // reads as +25, but the requests series alone grew by 30 (the tokens one restarted
+    // and has counted nothing since).
+    let later = by_reason(&[
+        ("max_num_queued_reqs", 150.0),
+        ("max_num_queued_tokens", 0.0),
+    ]);
+    let f = tracker.observe(secs(t0, 20), [("a", Some(&later))], 0);
+    assert_eq!(f.replicas[0].rejections_per_second, Some(3.0));
+}
+
+#[test]
+fn a_new_reason_series_counts_from_zero() {
+    let t0 = Instant::now();
+    let mut tracker = Tracker::new();
+    // A labelled counter that has counted nothing yet is only declared: rate 0, not none.
+    let declared = ReplicaSample {
+        rejections_total: Some(CounterSeries::new()),
+        families: [Family::Rejections].into(),
+        ..ReplicaSample::default()
+    };
+    tracker.observe(t0, [("a", Some(&declared))], 0);
+    let f = tracker.observe(secs(t0, 5), [("a", Some(&declared))], 0);
+    assert_eq!(f.rejections_per_second_per_replica, Some(0.0));
+    // The first rejection of a reason creates its series.
+    let first = by_reason(&[("max_num_queued_reqs", 5.0)]);
+    let f = tracker.observe(secs(t0, 10), [("a", Some(&first))], 0);
+    assert_eq!(f.rejections_per_second_per_replica, Some(1.0));
+}
+
+#[test]
+fn exported_families_come_from_successful_scrapes_only() {
+    let t0 = Instant::now();
+    let mut tracker = Tracker::new();
+    let fixture = |file: &str| {
+        let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+        adapt(
+            Dialect::Vllm,
+            &parse(&std::fs::read_to_string(path).unwrap()),
+        )
+    };
+    // An older vLLM without `vllm:admission_rejections_total`, and one that failed.
+    let old = fixture("vllm_v0_single.prom");
+    let f = tracker.observe(t0, [("a", Some(&old)), ("b", None)], 0);
+    let expected: BTreeSet<Family> = [Family::Waiting, Family::KvUsage, Family::Ttft].into();
+    assert_eq!(f.exported, Some(expected));
+    assert!(f.lacks(Family::Rejections));
+    assert!(!f.lacks(Family::Waiting));
+
+    // No scrape succeeded: nothing is known, so nothing is "not exported".
+    let f = tracker.observe(secs(t0, 5), [("a", None), ("b", None)], 0);
+    assert_eq!(f.exported, None);
+    assert!(!f.lacks(Family::Rejections));
+
+    // A replica that has the counter makes the family exported for the fleet.
+    let new = fixture("vllm_v1_dp2.prom");
+    let f = tracker.observe(secs(t0, 10), [("a", Some(&old)), ("b", Some(&new))], 0);
+    assert!(!f.lacks(Family::Rejections));
+    assert_eq!(f.exported.as_ref().map(BTreeSet::len), Some(4));
+
+    // Its scrape failing does not make the family "not exported": its last successful
+    // scrape speaks for it, so the signal is missing (no scale-down), not ignored.
+    let f = tracker.observe(secs(t0, 15), [("a", Some(&old)), ("b", None)], 0);
+    assert!(!f.lacks(Family::Rejections));
+    assert_eq!(f.rejections_per_second_per_replica, None);
+
+    // Once it is gone, the remaining replicas do not export it.
+    let f = tracker.observe(secs(t0, 20), [("a", Some(&old))], 0);
+    assert!(f.lacks(Family::Rejections));
 }

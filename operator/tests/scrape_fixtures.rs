@@ -7,9 +7,11 @@
 //! prometheus_client renders for them (sorted labels, `12.0`, `_created` samples), with
 //! the series names and label sets of their sources (see `scrape::dialect`).
 
+use std::collections::BTreeSet;
+
 use ballast_operator::scrape::dialect::adapt;
 use ballast_operator::scrape::parser::{MetricType, parse};
-use ballast_operator::signals::{Dialect, ReplicaSample};
+use ballast_operator::signals::{CounterSeries, Dialect, Family, ReplicaSample};
 
 const INF: f64 = f64::INFINITY;
 
@@ -21,6 +23,22 @@ fn sample(dialect: Dialect, file: &str) -> ReplicaSample {
     assert!(!exposition.truncated, "{file}");
     adapt(dialect, &exposition)
 }
+
+/// A counter's series by their label sets.
+fn series(entries: &[(&str, f64)]) -> Option<CounterSeries> {
+    Some(entries.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+}
+
+fn families(f: &[Family]) -> BTreeSet<Family> {
+    f.iter().copied().collect()
+}
+
+const ALL_FAMILIES: [Family; 4] = [
+    Family::Waiting,
+    Family::KvUsage,
+    Family::Rejections,
+    Family::Ttft,
+];
 
 /// Pairs bounds with cumulative counts.
 fn buckets(bounds: &[f64], counts: &[f64]) -> Vec<(f64, f64)> {
@@ -44,10 +62,20 @@ fn ballast_engine_under_load() {
             waiting_capacity: Some(1.0),
             waiting_deferred: Some(2.0),
             kv_usage: Some(0.00115966796875),
-            rejections_total: Some(6.0),
+            rejections_total: series(&[
+                (
+                    r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_reqs""#,
+                    6.0
+                ),
+                (
+                    r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_tokens""#,
+                    0.0
+                ),
+            ]),
             ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
             dp_tokens: vec![632.0, 602.0],
             dp_imbalance: Some((608.8021505376344, 590.0)),
+            families: families(&ALL_FAMILIES),
         }
     );
 }
@@ -63,10 +91,20 @@ fn ballast_engine_idle() {
             waiting_capacity: Some(0.0),
             waiting_deferred: Some(0.0),
             kv_usage: Some(0.0),
-            rejections_total: Some(0.0),
+            rejections_total: series(&[
+                (
+                    r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_reqs""#,
+                    0.0
+                ),
+                (
+                    r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_tokens""#,
+                    0.0
+                ),
+            ]),
             ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
             dp_tokens: vec![43.0, 43.0],
             dp_imbalance: Some((96.0, 48.0)),
+            families: families(&ALL_FAMILIES),
         }
     );
 }
@@ -86,10 +124,20 @@ fn vllm_v1_two_engines() {
             waiting_capacity: Some(5.0),
             waiting_deferred: Some(1.0),
             kv_usage: Some(0.8125),
-            rejections_total: Some(39.0),
+            rejections_total: series(&[
+                (
+                    r#"engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",reason="max_num_queued_reqs""#,
+                    37.0
+                ),
+                (
+                    r#"engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",reason="max_num_queued_tokens""#,
+                    2.0
+                ),
+            ]),
             ttft_buckets: buckets(&TTFT_BOUNDS, &counts),
             dp_tokens: vec![412338.0, 398112.0],
             dp_imbalance: None,
+            families: families(&ALL_FAMILIES),
         }
     );
 }
@@ -111,10 +159,12 @@ fn vllm_v0_single_engine() {
             waiting_capacity: Some(3.0),
             waiting_deferred: None,
             kv_usage: Some(0.6631181667080153),
+            // This vLLM predates `vllm:admission_rejections_total`: the family is absent.
             rejections_total: None,
             ttft_buckets: buckets(&bounds, &counts),
             dp_tokens: vec![],
             dp_imbalance: None,
+            families: families(&[Family::Waiting, Family::KvUsage, Family::Ttft]),
         }
     );
 }
@@ -141,6 +191,7 @@ fn sglang_dp_attention_four_ranks() {
             // prefill_compute + decode per dp_rank; prefill_cache is not computed work.
             dp_tokens: vec![2108843.0, 2086932.0, 2432099.0, 430652.0],
             dp_imbalance: None,
+            families: families(&[Family::Waiting, Family::KvUsage, Family::Ttft]),
         }
     );
 }

@@ -47,7 +47,7 @@ async fn a_good_replica_gives_its_sample() {
     let base = serve(Router::new().route("/metrics", get(|| async { BODY }))).await;
     let s = one(&scraper(2000, BODY.len(), 4), &base).await.unwrap();
     assert_eq!(s.running, Some(2.0));
-    assert_eq!(s.rejections_total, Some(6.0));
+    assert_eq!(s.rejections_sum(), Some(6.0));
     // One byte less than the body is too large, refused from Content-Length.
     let e = one(&scraper(2000, BODY.len() - 1, 4), &base)
         .await

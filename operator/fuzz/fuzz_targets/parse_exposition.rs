@@ -25,14 +25,10 @@ fuzz_target!(|data: &[u8]| {
             if let Some(kv) = s.kv_usage {
                 assert!((0.0..=1.0).contains(&kv));
             }
-            for count in [
-                s.running,
-                s.waiting_capacity,
-                s.waiting_deferred,
-                s.rejections_total,
-            ]
-            .into_iter()
-            .flatten()
+            for count in [s.running, s.waiting_capacity, s.waiting_deferred]
+                .into_iter()
+                .flatten()
+                .chain(s.rejections_total.iter().flat_map(|r| r.values().copied()))
             {
                 assert!(count >= 0.0);
             }

@@ -2,7 +2,10 @@
 //!
 //! Follows `stabilizeRecommendationWithBehaviors`, `convertDesiredReplicasWithBehaviorRate`
 //! and `calculateScale{Up,Down}Limit…` in Kubernetes'
-//! `pkg/controller/podautoscaler/horizontal.go` (v2 behaviour, current form):
+//! `pkg/controller/podautoscaler/horizontal.go` (v2 behaviour, current form), on rules
+//! whose unset fields were filled from HPA's per-direction defaults
+//! ([`BehaviorSpec::resolved`](ballast_crds::BehaviorSpec::resolved), as Kubernetes'
+//! `GenerateHPAScale{Up,Down}Rules`):
 //!
 //! - Stabilisation: `up` = the lowest recommendation within the scale-up window, `down` =
 //!   the highest within the scale-down window, both including this period's; the result is
@@ -19,11 +22,12 @@
 //!
 //! Ballast differences, both deliberate: percentages are computed in integers
 //! (`10 × 110 %` is 11, where HPA's float64 arithmetic yields 11.000000000000002 and
-//! allows 12), and an empty policy list means "no rate limit" (HPA's API rejects one).
+//! allows 12), and an empty policy list takes the direction's default policies like an
+//! unset one (HPA's API refuses an empty list).
 
 use std::time::Duration;
 
-use ballast_crds::{BehaviorSpec, PolicyType, ScalingRules, SelectPolicy};
+use ballast_crds::{PolicyType, ResolvedBehavior, ResolvedRules, SelectPolicy};
 
 use super::history::{ScaleEvent, TimedRecommendation, in_window};
 
@@ -32,7 +36,7 @@ pub(crate) fn stabilize(
     current: i32,
     recommended: i32,
     past: &[TimedRecommendation],
-    behavior: &BehaviorSpec,
+    behavior: &ResolvedBehavior,
     now: Duration,
 ) -> i32 {
     let up_window = window(&behavior.scale_up);
@@ -51,13 +55,13 @@ pub(crate) fn stabilize(
 }
 
 /// A rules' stabilisation window.
-pub(crate) fn window(rules: &ScalingRules) -> Duration {
+pub(crate) fn window(rules: &ResolvedRules) -> Duration {
     Duration::from_secs(u64::try_from(rules.stabilization_window_seconds).unwrap_or(0))
 }
 
 /// The longest policy period of either direction (scale events older than this are unused:
 /// both directions' events enter both limits).
-pub(crate) fn longest_period(behavior: &BehaviorSpec) -> Duration {
+pub(crate) fn longest_period(behavior: &ResolvedBehavior) -> Duration {
     let secs = [&behavior.scale_up, &behavior.scale_down]
         .iter()
         .flat_map(|r| r.policies.iter())
@@ -122,7 +126,7 @@ pub(crate) struct Bounds {
 pub(crate) fn limit(
     desired: i32,
     b: Bounds,
-    behavior: &BehaviorSpec,
+    behavior: &ResolvedBehavior,
     events: &[ScaleEvent],
     now: Duration,
 ) -> (i32, Option<Cap>) {
@@ -168,7 +172,7 @@ fn changes(events: &[ScaleEvent], period_seconds: i32, now: Duration) -> (i64, i
 fn proposals<'a>(
     current: i64,
     events: &'a [ScaleEvent],
-    rules: &'a ScalingRules,
+    rules: &'a ResolvedRules,
     now: Duration,
     up: bool,
 ) -> impl Iterator<Item = i64> + 'a {
@@ -192,11 +196,17 @@ fn proposals<'a>(
 }
 
 /// The most replicas the scale-up rules allow now.
-fn scale_up_limit(current: i64, events: &[ScaleEvent], rules: &ScalingRules, now: Duration) -> i64 {
+fn scale_up_limit(
+    current: i64,
+    events: &[ScaleEvent],
+    rules: &ResolvedRules,
+    now: Duration,
+) -> i64 {
     if rules.select_policy == SelectPolicy::Disabled {
         return current;
     }
     let mut p = proposals(current, events, rules, now, true).peekable();
+    // Only policies the CRD refuses (a value or period not above 0) leave none.
     if p.peek().is_none() {
         return i64::MAX;
     }
@@ -211,13 +221,14 @@ fn scale_up_limit(current: i64, events: &[ScaleEvent], rules: &ScalingRules, now
 fn scale_down_limit(
     current: i64,
     events: &[ScaleEvent],
-    rules: &ScalingRules,
+    rules: &ResolvedRules,
     now: Duration,
 ) -> i64 {
     if rules.select_policy == SelectPolicy::Disabled {
         return current;
     }
     let mut p = proposals(current, events, rules, now, false).peekable();
+    // Only policies the CRD refuses (a value or period not above 0) leave none.
     if p.peek().is_none() {
         return i64::MIN;
     }
@@ -238,8 +249,8 @@ mod tests {
         Duration::from_secs(secs)
     }
 
-    fn rules(select: SelectPolicy, policies: &[(PolicyType, i32, i32)]) -> ScalingRules {
-        ScalingRules {
+    fn rules(select: SelectPolicy, policies: &[(PolicyType, i32, i32)]) -> ResolvedRules {
+        ResolvedRules {
             stabilization_window_seconds: 0,
             select_policy: select,
             policies: policies
@@ -255,7 +266,7 @@ mod tests {
 
     #[test]
     fn hpa_default_scale_up_is_max_of_4_pods_and_100_percent() {
-        let up = BehaviorSpec::default().scale_up;
+        let up = ResolvedRules::scale_up_defaults();
         assert_eq!(scale_up_limit(1, &[], &up, s(100)), 5);
         assert_eq!(scale_up_limit(10, &[], &up, s(100)), 20);
         // 1 → 5 ten seconds ago: the period started at 1, so 5 is all that is allowed.
@@ -291,8 +302,8 @@ mod tests {
         let off = rules(SelectPolicy::Disabled, &[(PolicyType::Pods, 5, 60)]);
         assert_eq!(scale_down_limit(30, &[], &off, s(0)), 30);
         assert_eq!(scale_up_limit(30, &[], &off, s(0)), 30);
-        let none = rules(SelectPolicy::Max, &[]);
-        assert_eq!(scale_up_limit(3, &[], &none, s(0)), i64::MAX);
+        let invalid = rules(SelectPolicy::Max, &[(PolicyType::Pods, 0, 15)]);
+        assert_eq!(scale_up_limit(3, &[], &invalid, s(0)), i64::MAX);
         let off_empty = rules(SelectPolicy::Disabled, &[]);
         assert_eq!(scale_up_limit(3, &[], &off_empty, s(0)), 3);
     }
@@ -318,7 +329,7 @@ mod tests {
 
     #[test]
     fn limit_never_reverses_and_clamps() {
-        let b = BehaviorSpec::default();
+        let b = ballast_crds::BehaviorSpec::default().resolved();
         let bounds = Bounds {
             current: 3,
             min: 1,
@@ -346,7 +357,7 @@ mod tests {
 
     #[test]
     fn stabilize_takes_extremes_of_the_windows() {
-        let b = BehaviorSpec::default(); // up 0 s, down 300 s
+        let b = ballast_crds::BehaviorSpec::default().resolved(); // up 0 s, down 300 s
         let past = [
             TimedRecommendation {
                 at: s(100),

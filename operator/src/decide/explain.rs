@@ -35,7 +35,12 @@ pub(crate) fn summary(o: &Observation, reporting: usize) -> String {
             return format!("TTFT p99 n/a (no requests this period) < target {t}s");
         }
         Observed::Missing => return format!("{} missing", o.signal),
-        Observed::Unsupported => return format!("{} not reported by this engine", o.signal),
+        Observed::NotExported => {
+            return format!(
+                "{} not exported by these replicas (target ignored)",
+                o.signal
+            );
+        }
     };
     let c = cmp(v, o.target);
     match o.signal {

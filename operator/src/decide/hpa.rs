@@ -10,6 +10,10 @@
 //!   scale-down and at 0 on a scale-up; replicas still *starting* are assumed at 0 on a
 //!   scale-up (and ignored on a scale-down). The ratio is then recomputed, and if it is
 //!   within tolerance or points the other way, nothing changes.
+//! - `reporting` is per signal the replicas the average was taken over, as HPA counts the
+//!   pods that have the metric: for the admission-rejection rate, the replicas that have
+//!   a rate this period (one that just joined has a single sample of its counter and
+//!   counts as missing for that signal only).
 //!
 //! The starting rule is what keeps one load spike from triggering a second scale-up while
 //! the first new replicas load the model: they count toward the size as if already

@@ -6,7 +6,7 @@ use std::fmt;
 
 use ballast_crds::{AutoscalingSpec, InferenceServiceSpec, MetricsSpec, RebalancingSpec};
 
-use crate::signals::FleetSignals;
+use crate::signals::{Family, FleetSignals};
 
 /// The four scaling signals, named in status as the fields of `ballast_crds::Signals`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -43,6 +43,16 @@ impl SignalName {
         }
     }
 
+    /// The family of series the signal is computed from.
+    pub fn family(self) -> Family {
+        match self {
+            SignalName::CapacityWaiting => Family::Waiting,
+            SignalName::KvCacheUsage => Family::KvUsage,
+            SignalName::AdmissionRejectionsPerSecond => Family::Rejections,
+            SignalName::TtftP99Seconds => Family::Ttft,
+        }
+    }
+
     /// The target configured for this signal, if any.
     pub fn target(self, autoscaling: &AutoscalingSpec) -> Option<f64> {
         let t = &autoscaling.targets;
@@ -66,6 +76,12 @@ impl fmt::Display for SignalName {
 /// Replica counts: `current_replicas` is the size the workload is asked to run (HPA's
 /// `currentReplicas`, the scale's spec); `fleet.ready` and `fleet.starting` say how many
 /// of those are ready or still starting, and `fleet.replicas` holds the ones that reported.
+///
+/// A signal whose family no replica's latest successful scrape carried
+/// ([`FleetSignals::lacks`]) is not exported by these replicas: its target is ignored
+/// (status shows it as unsupported) rather than treated as missing, which would block
+/// every scale-down forever. What replicas export is read from them, not assumed from
+/// the engine kind: a newer vLLM with the rejection counter gets that signal.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecideInput {
     /// `spec.autoscaling`.
@@ -86,17 +102,12 @@ pub struct DecideInput {
     /// DP dispatch weights currently applied per replica (one per rank). A replica absent
     /// here is taken to dispatch evenly.
     pub dp_weights: BTreeMap<String, Vec<f64>>,
-    /// Signals the replicas' dialect cannot expose at all (for example SGLang has no
-    /// admission-rejection counter). Their targets are ignored rather than treated as
-    /// missing, which would otherwise block every scale-down forever.
-    pub unsupported_signals: BTreeSet<SignalName>,
     /// This period's aggregated signals.
     pub fleet: FleetSignals,
 }
 
 impl DecideInput {
-    /// An input from a resource's spec, with nothing out of rotation, even DP weights and
-    /// every signal supported.
+    /// An input from a resource's spec, with nothing out of rotation and even DP weights.
     pub fn new(spec: &InferenceServiceSpec, current_replicas: i32, fleet: FleetSignals) -> Self {
         DecideInput {
             autoscaling: spec.autoscaling.clone(),
@@ -106,7 +117,6 @@ impl DecideInput {
             current_replicas,
             out_of_rotation: BTreeSet::new(),
             dp_weights: BTreeMap::new(),
-            unsupported_signals: BTreeSet::new(),
             fleet,
         }
     }

@@ -24,7 +24,11 @@
 //!   rejection and TTFT signals may not ask for more replicas, and no signal may ask for
 //!   fewer: only capacity waiting or KV usage above target still scale up; otherwise hold
 //!   with `DeferredWaiting`;
-//! - a signal missing → scale-up may proceed on the others, scale-down may not;
+//! - a signal missing → scale-up may proceed on the others, scale-down may not; but a
+//!   signal whose family no replica's latest successful scrape carried is *not exported*
+//!   by these replicas (an older vLLM without the rejection counter, SGLang): its target
+//!   is ignored and status says so (judged per fleet from what it exposes, never from the
+//!   engine kind);
 //! - an empty history (first period, or after a gap longer than both windows) is seeded
 //!   with the current size, so a restart never scales down before a full window passed.
 //!
@@ -47,7 +51,7 @@ mod scale;
 
 use std::time::Duration;
 
-use ballast_crds::{Action, Signals};
+use ballast_crds::{Action, ResolvedBehavior, Signals};
 
 pub use history::{History, HistoryUpdate, ScaleEvent, TimedRecommendation};
 pub use input::{DecideInput, SignalName};
@@ -66,6 +70,7 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
     let current = input.current_replicas.max(0);
     let max = a.max_replicas.max(0);
     let min = a.min_replicas.clamp(0, max);
+    let behavior = a.behavior.resolved();
     let signals = observe::sanitized(&input.fleet);
     let observations = observe::observe(input, &signals);
     let health = Health::of(input);
@@ -88,6 +93,7 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
         min,
         max,
         past: &past,
+        behavior: &behavior,
         health,
         observations: &observations,
         signals: &signals,
@@ -103,7 +109,7 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
     let usable = health == Health::Ok && observations.iter().any(|o| o.compared().is_some());
     let headroom = usable
         && observations.iter().all(|o| match o.observed {
-            Observed::Unsupported => true,
+            Observed::NotExported => true,
             _ => o.compared().is_some_and(|v| v <= o.target),
         });
     let rb = rebalance::plan(input, health == Health::Ok, headroom);
@@ -146,9 +152,9 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
             from: current,
             to: desired,
         }),
-        keep_recommendations: behavior::window(&a.behavior.scale_up)
-            .max(behavior::window(&a.behavior.scale_down)),
-        keep_scale_events: behavior::longest_period(&a.behavior),
+        keep_recommendations: behavior::window(&behavior.scale_up)
+            .max(behavior::window(&behavior.scale_down)),
+        keep_scale_events: behavior::longest_period(&behavior),
     };
 
     Outcome {
@@ -175,6 +181,8 @@ struct Ctx<'a> {
     max: i32,
     /// History's recommendations plus the seed, if any.
     past: &'a [TimedRecommendation],
+    /// `spec.autoscaling.behavior` with HPA's defaults filled in.
+    behavior: &'a ResolvedBehavior,
     health: Health,
     observations: &'a [Observation],
     signals: &'a Signals,
@@ -197,13 +205,22 @@ fn metrics_available(c: &Ctx) -> ConditionUpdate {
         };
         return cond(false, word, message);
     }
-    let reported = format!("{} of {ready} ready replicas reported", f.reporting());
-    let missing: Vec<&str> = c
-        .observations
-        .iter()
-        .filter(|o| o.observed == Observed::Missing)
-        .map(|o| o.signal.as_str())
-        .collect();
+    let mut reported = format!("{} of {ready} ready replicas reported", f.reporting());
+    let named = |state: Observed| -> Vec<&str> {
+        c.observations
+            .iter()
+            .filter(|o| o.observed == state)
+            .map(|o| o.signal.as_str())
+            .collect()
+    };
+    let not_exported = named(Observed::NotExported);
+    if !not_exported.is_empty() {
+        reported.push_str(&format!(
+            "; {} not exported by these replicas, target ignored",
+            list(&not_exported)
+        ));
+    }
+    let missing = named(Observed::Missing);
     if missing.is_empty() {
         cond(true, "MetricsReported", reported)
     } else {
@@ -219,7 +236,7 @@ fn metrics_available(c: &Ctx) -> ConditionUpdate {
 fn report(o: &Observation, step: &ScaleStep, reporting: usize, tolerance: f64) -> SignalReport {
     let observed = o.compared();
     let state = match (o.observed, observed) {
-        (Observed::Unsupported, _) => SignalState::Unsupported,
+        (Observed::NotExported, _) => SignalState::Unsupported,
         (_, None) => SignalState::Missing,
         (_, Some(v)) => {
             let ratio = v / o.target;

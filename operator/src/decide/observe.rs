@@ -84,10 +84,13 @@ pub(crate) enum Observed {
     /// no latency to speak of, so it counts as 0 s instead of blocking scale-down as a
     /// missing signal would.
     Idle,
-    /// No usable value (not reported, NaN, out of range, or an unusable target).
+    /// No usable value (not reported, NaN, out of range, or an unusable target), while
+    /// the replicas do export it or what they export is not known: blocks scale-down.
     Missing,
-    /// The dialect cannot report it; the target is ignored.
-    Unsupported,
+    /// No replica's latest successful scrape carried the signal's family
+    /// ([`FleetSignals::lacks`]): these replicas do not export it, and the target is
+    /// ignored.
+    NotExported,
 }
 
 /// One configured signal and what it shows.
@@ -104,7 +107,7 @@ impl Observation {
         match self.observed {
             Observed::Value { compared, .. } => Some(compared),
             Observed::Idle => Some(0.0),
-            Observed::Missing | Observed::Unsupported => None,
+            Observed::Missing | Observed::NotExported => None,
         }
     }
 }
@@ -116,8 +119,8 @@ pub(crate) fn observe(input: &DecideInput, signals: &Signals) -> Vec<Observation
         .iter()
         .filter_map(|&signal| {
             let target = signal.target(&input.autoscaling)?;
-            let observed = if input.unsupported_signals.contains(&signal) {
-                Observed::Unsupported
+            let observed = if input.fleet.lacks(signal.family()) {
+                Observed::NotExported
             } else if !(target.is_finite() && target > 0.0) || reporting == 0 {
                 Observed::Missing
             } else {

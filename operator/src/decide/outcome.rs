@@ -124,7 +124,8 @@ pub enum SignalState {
     Below,
     /// Configured but without a usable value this period.
     Missing,
-    /// Configured but the dialect cannot report it; ignored.
+    /// Configured, but no replica's latest successful scrape carried the signal's family:
+    /// these replicas do not export it, and the target is ignored.
     Unsupported,
 }
 

@@ -199,6 +199,20 @@ pub(super) fn autoscale(c: &Ctx) -> ScaleStep {
             }
             continue;
         };
+        // HPA averages a pod metric over the pods that have it and multiplies by that same
+        // count; ready pods without it are missing. A replica's 429 rate needs two samples
+        // of its counter, so one that just joined reports but has no rate yet.
+        let pods = match o.signal {
+            SignalName::AdmissionRejectionsPerSecond => {
+                let with_rate = f.with_rejection_rate().min(reporting);
+                Pods {
+                    reporting: sat(with_rate),
+                    missing: sat(ready - with_rate),
+                    ..pods
+                }
+            }
+            _ => pods,
+        };
         let mut r = hpa::propose(v / o.target, current, pods, tolerance);
         if deferred {
             // Deferred requests inflate rejections and TTFT but not capacity: only
@@ -260,7 +274,7 @@ pub(super) fn autoscale(c: &Ctx) -> ScaleStep {
         );
     }
 
-    let stabilized = behavior::stabilize(current, raw, c.past, &a.behavior, c.now);
+    let stabilized = behavior::stabilize(current, raw, c.past, c.behavior, c.now);
     let bounds = Bounds {
         current,
         min: c.min,
@@ -269,12 +283,12 @@ pub(super) fn autoscale(c: &Ctx) -> ScaleStep {
     let (desired, limit) = behavior::limit(
         stabilized,
         bounds,
-        &a.behavior,
+        c.behavior,
         &c.history.scale_events,
         c.now,
     );
-    let up_window = a.behavior.scale_up.stabilization_window_seconds;
-    let down_window = a.behavior.scale_down.stabilization_window_seconds;
+    let up_window = c.behavior.scale_up.stabilization_window_seconds;
+    let down_window = c.behavior.scale_down.stabilization_window_seconds;
     let limited = limit
         .map(|l| format!(" ({})", l.message()))
         .unwrap_or_default();

@@ -6,14 +6,20 @@
 //! imbalance histogram): the increase is `current − previous`, except that a decrease
 //! means the counter was reset (the engine restarted) and the increase counts from zero,
 //! i.e. it is `current`. A restart therefore never shows up as a negative rate or as a
-//! spike of the whole lifetime count. Histograms and per-rank vectors are judged as a
-//! whole (any bucket or rank going down, or a changed layout, is a reset) so the result
-//! stays cumulative and consistent.
+//! spike of the whole lifetime count. The 429 counter is judged per series (reason and
+//! rank): summed first, one series resetting while another grows would hide the reset or
+//! subtract the lost count from the other's increase; a series that is new counts from
+//! zero. Histograms and per-rank vectors are judged as a whole (any bucket or rank going
+//! down, or a changed layout, is a reset) so the result stays cumulative and consistent.
+//!
+//! The fleet view also says which signal families the replicas' successful scrapes
+//! carried ([`FleetSignals::exported`]): a failed scrape says nothing about what a replica
+//! exports, so its last successful one speaks for it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
-use crate::signals::{FleetSignals, ReplicaSample, ReplicaSignals};
+use crate::signals::{CounterSeries, FleetSignals, ReplicaSample, ReplicaSignals};
 
 /// The quantile of TTFT the fleet view reports.
 pub const TTFT_QUANTILE: f64 = 0.99;
@@ -43,6 +49,12 @@ impl Tracker {
     /// waiting, mean of per-replica KV maxima, mean of 429 rates over replicas that have a
     /// rate yet, p99 of TTFT bucket increases summed by `le`), and is `None` when none
     /// does, so a signal a dialect lacks is "unknown", never 0.
+    ///
+    /// `exported` is the union of the families carried by the latest successful sample of
+    /// every replica listed now: a replica whose scrape failed this period still counts
+    /// with what it exported before, so a failed scrape of the only replicas that have a
+    /// family leaves that signal *missing* (no scale-down), never *not exported*. It is
+    /// `None` when no scrape succeeded this period.
     pub fn observe<'a>(
         &mut self,
         at: Instant,
@@ -66,7 +78,16 @@ impl Tracker {
             self.previous.insert(name.to_owned(), (sample.clone(), at));
         }
         self.previous.retain(|name, _| listed.contains(name));
-        fleet(listed.len(), starting, reporting)
+        let exported = (!reporting.is_empty()).then(|| {
+            self.previous
+                .values()
+                .flat_map(|(s, _)| s.families.iter().copied())
+                .collect::<BTreeSet<_>>()
+        });
+        FleetSignals {
+            exported,
+            ..fleet(listed.len(), starting, reporting)
+        }
     }
 
     /// Replicas with a remembered sample.
@@ -88,8 +109,11 @@ pub fn replica_signals(
         .map(|d| d.as_secs_f64())
         .filter(|s| *s > 0.0);
     let p = prev.map(|(s, _)| s);
-    let rejections_per_second = match (p.and_then(|p| p.rejections_total), cur.rejections_total) {
-        (Some(a), Some(b)) => seconds.map(|s| increase(a, b) / s),
+    let rejections_per_second = match (
+        p.and_then(|p| p.rejections_total.as_ref()),
+        cur.rejections_total.as_ref(),
+    ) {
+        (Some(a), Some(b)) => seconds.map(|s| series_increase(a, b) / s),
         _ => None,
     };
     ReplicaSignals {
@@ -115,6 +139,15 @@ pub fn replica_signals(
 /// Increase of one counter between two readings; a decrease is a reset.
 pub fn increase(prev: f64, cur: f64) -> f64 {
     if cur >= prev { cur - prev } else { cur }
+}
+
+/// Increase of a counter family kept per series: the sum of each series' [`increase`],
+/// a series absent before counting from zero (it was created since: a first rejection of
+/// that reason, or a restart). A series that disappeared adds nothing.
+pub fn series_increase(prev: &CounterSeries, cur: &CounterSeries) -> f64 {
+    cur.iter()
+        .map(|(key, c)| prev.get(key).map_or(*c, |p| increase(*p, *c)))
+        .sum()
 }
 
 /// Per-`le` increase of a cumulative histogram. A changed layout or any bucket going down
@@ -198,6 +231,7 @@ fn fleet(
         kv_usage,
         rejections_per_second_per_replica: rejections,
         ttft_p99_seconds: ttft.and_then(|b| histogram_quantile(TTFT_QUANTILE, &b)),
+        exported: None,
         replicas: reporting.into_iter().map(|(_, r)| r).collect(),
     }
 }

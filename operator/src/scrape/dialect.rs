@@ -3,9 +3,13 @@
 //!
 //! Combination rules (contract §3): counts of requests are **summed** over data-parallel
 //! ranks, KV usage is the **max** over ranks (never the mean), counters are summed over
-//! ranks and labels, histogram buckets are summed **by `le`**. A value that is negative, or
-//! a ratio outside [0, 1], makes its field `None` rather than a wrong number; a histogram
-//! whose series disagree on their bounds, lack `+Inf` or are not cumulative is left empty.
+//! ranks and labels (except the admission-rejection counter, kept per series so that a
+//! reset is judged per series), histogram buckets are summed **by `le`**. A value that is
+//! negative, or a ratio outside [0, 1], makes its field `None` rather than a wrong number;
+//! a histogram whose series disagree on their bounds, lack `+Inf` or are not cumulative is
+//! left empty. Each sample also records which signal [`Family`]s the exposition carried at
+//! all (declared by `# TYPE` or sampled), usable or not: a family these replicas do not
+//! export must be told from one whose values were unusable.
 //!
 //! # What the names are based on
 //!
@@ -31,7 +35,7 @@
 //!   (labelled by `model_name`). `sglang:realtime_tokens_total{mode}` counts tokens per
 //!   scheduler (`prefill_compute`, `prefill_cache`, `decode`); computed tokens per rank are
 //!   `prefill_compute + decode`. SGLang has no per-request HTTP 429 counter, so
-//!   `rejections_total` stays `None`.
+//!   `rejections_total` stays `None` and the rejection family is never carried.
 //! - **`sglang:dp_attention_*`**: no such family was found in SGLang's collector source.
 //!   The only trace is a pull-request description naming a histogram
 //!   `sglang:dp_attention_token_imbalance_ratio` (max tokens × ranks / sum, like ours);
@@ -43,10 +47,10 @@
 //! metrics enabled on all schedulers) describe the same requests, so SGLang series are
 //! first folded **by `dp_rank`** with a max, then combined across ranks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::parser::{Exposition, Sample};
-use crate::signals::{Dialect, ReplicaSample};
+use crate::signals::{CounterSeries, Dialect, Family, ReplicaSample};
 
 /// Highest DP rank index accepted in a label; a larger one is treated as garbage rather
 /// than allocating a vector that long.
@@ -68,16 +72,20 @@ pub fn is_usable(s: &ReplicaSample) -> bool {
         || s.waiting_capacity.is_some()
         || s.waiting_deferred.is_some()
         || s.kv_usage.is_some()
-        || s.rejections_total.is_some()
+        || s.rejections_total.as_ref().is_some_and(|r| !r.is_empty())
         || !s.ttft_buckets.is_empty()
         || !s.dp_tokens.is_empty()
         || s.dp_imbalance.is_some()
 }
 
 fn ballast(exp: &Exposition) -> ReplicaSample {
+    const WAITING: &str = "ballast_num_requests_waiting_by_reason";
+    const KV: &str = "ballast_kv_cache_usage_ratio";
+    const REJECTIONS: &str = "ballast_admission_rejections_total";
+    const TTFT: &str = "ballast_time_to_first_token_seconds";
     let waiting = |reason: &'static str| {
         sum_counts(
-            exp.named("ballast_num_requests_waiting_by_reason")
+            exp.named(WAITING)
                 .filter(move |s| s.label("reason") == Some(reason)),
         )
     };
@@ -85,8 +93,8 @@ fn ballast(exp: &Exposition) -> ReplicaSample {
         running: sum_counts(exp.named("ballast_num_requests_running")),
         waiting_capacity: waiting("capacity"),
         waiting_deferred: waiting("deferred"),
-        kv_usage: max_ratio(exp.named("ballast_kv_cache_usage_ratio")),
-        rejections_total: sum_counts(exp.named("ballast_admission_rejections_total")),
+        kv_usage: max_ratio(exp.named(KV)),
+        rejections_total: counter_series(exp, REJECTIONS),
         ttft_buckets: buckets(exp.named("ballast_time_to_first_token_seconds_bucket")),
         dp_tokens: per_rank(
             exp.named("ballast_dp_tokens_total")
@@ -97,11 +105,21 @@ fn ballast(exp: &Exposition) -> ReplicaSample {
             sum_counts(exp.named("ballast_dp_token_imbalance_ratio_sum")),
             sum_counts(exp.named("ballast_dp_token_imbalance_ratio_count")),
         ),
+        families: families(
+            exp,
+            &[
+                (Family::Waiting, &[WAITING]),
+                (Family::KvUsage, &[KV]),
+                (Family::Rejections, &[REJECTIONS]),
+                (Family::Ttft, &[TTFT]),
+            ],
+        ),
     }
 }
 
 fn vllm(exp: &Exposition) -> ReplicaSample {
     const BY_REASON: &str = "vllm:num_requests_waiting_by_reason";
+    const REJECTIONS: &str = "vllm:admission_rejections_total";
     let (waiting_capacity, waiting_deferred) = if exp.has(BY_REASON) {
         let waiting = |reason: &'static str| {
             sum_counts(
@@ -124,10 +142,22 @@ fn vllm(exp: &Exposition) -> ReplicaSample {
         waiting_capacity,
         waiting_deferred,
         kv_usage,
-        rejections_total: sum_counts(exp.named("vllm:admission_rejections_total")),
+        rejections_total: counter_series(exp, REJECTIONS),
         ttft_buckets: buckets(exp.named("vllm:time_to_first_token_seconds_bucket")),
         dp_tokens: per_rank(exp.named("vllm:iteration_tokens_total_sum"), "engine"),
         dp_imbalance: None,
+        families: families(
+            exp,
+            &[
+                (Family::Waiting, &[BY_REASON, "vllm:num_requests_waiting"]),
+                (
+                    Family::KvUsage,
+                    &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+                ),
+                (Family::Rejections, &[REJECTIONS]),
+                (Family::Ttft, &["vllm:time_to_first_token_seconds"]),
+            ],
+        ),
     }
 }
 
@@ -154,7 +184,43 @@ fn sglang(exp: &Exposition) -> ReplicaSample {
             counts("sglang:dp_attention_token_imbalance_ratio_sum"),
             counts("sglang:dp_attention_token_imbalance_ratio_count"),
         ),
+        families: families(
+            exp,
+            &[
+                (Family::Waiting, &["sglang:num_queue_reqs"]),
+                (Family::KvUsage, &["sglang:token_usage"]),
+                (Family::Ttft, &["sglang:time_to_first_token_seconds"]),
+            ],
+        ),
     }
+}
+
+/// The signal families `exp` carries, each known by any of its dialect's family names.
+fn families(exp: &Exposition, names: &[(Family, &[&str])]) -> BTreeSet<Family> {
+    names
+        .iter()
+        .filter(|(_, names)| names.iter().any(|n| exp.carries(n)))
+        .map(|(f, _)| *f)
+        .collect()
+}
+
+/// A counter family per series, keyed by the series' labels: `None` when the family is not
+/// carried, or when any value is negative. Empty when it is only declared.
+fn counter_series(exp: &Exposition, family: &str) -> Option<CounterSeries> {
+    if !exp.carries(family) {
+        return None;
+    }
+    let mut series = CounterSeries::new();
+    for s in exp.named(family) {
+        if s.value < 0.0 {
+            return None;
+        }
+        // Labels are sorted and a series appears once (the parser drops duplicates), so
+        // the key is canonical and unique; `{:?}` quotes values so keys cannot collide.
+        let key: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+        series.insert(key.join(","), s.value);
+    }
+    Some(series)
 }
 
 /// Σ of values that must be counts: `None` when there are none, or when any is negative.

@@ -171,3 +171,37 @@ fn sglang_token_usage_out_of_range_is_none() {
     );
     assert_eq!(s.waiting_capacity, None);
 }
+
+#[test]
+fn the_rejection_counter_is_kept_per_series() {
+    let s = ballast(
+        "# TYPE ballast_admission_rejections_total counter\n\
+         ballast_admission_rejections_total{engine=\"0\",reason=\"max_num_queued_reqs\"} 6\n\
+         ballast_admission_rejections_total{engine=\"0\",reason=\"max_num_queued_tokens\"} 2\n",
+    );
+    let series = s.rejections_total.as_ref().unwrap();
+    assert_eq!(
+        series.iter().collect::<Vec<_>>(),
+        [
+            (
+                &r#"engine="0",reason="max_num_queued_reqs""#.to_string(),
+                &6.0
+            ),
+            (
+                &r#"engine="0",reason="max_num_queued_tokens""#.to_string(),
+                &2.0
+            ),
+        ]
+    );
+    assert_eq!(s.rejections_sum(), Some(8.0));
+    // Declared but nothing counted yet (a labelled counter with no child): zero series,
+    // which is a count of 0, not an absent counter.
+    let declared = ballast(
+        "# TYPE ballast_admission_rejections_total counter\nballast_num_requests_running 1\n",
+    );
+    assert_eq!(declared.rejections_total, Some(Default::default()));
+    assert_eq!(
+        ballast("ballast_num_requests_running 1\n").rejections_total,
+        None
+    );
+}

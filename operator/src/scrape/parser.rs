@@ -139,6 +139,19 @@ impl Exposition {
     pub fn has(&self, name: &str) -> bool {
         self.samples.iter().any(|s| s.name == name)
     }
+
+    /// Whether the exposition carries the family `family`: a `# TYPE` line declares it, or
+    /// a sample is named `family` or, for histograms and summaries, `family_bucket`,
+    /// `family_sum` or `family_count`. A labelled counter that has not counted anything yet
+    /// is often only declared.
+    pub fn carries(&self, family: &str) -> bool {
+        self.types.contains_key(family)
+            || self.samples.iter().any(|s| {
+                s.name
+                    .strip_prefix(family)
+                    .is_some_and(|rest| matches!(rest, "" | "_bucket" | "_sum" | "_count"))
+            })
+    }
 }
 
 /// Parses `text` with the default [`Limits`]. See the module docs for the rules.
