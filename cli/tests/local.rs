@@ -485,6 +485,8 @@ fn the_router_body_limit_is_the_engines() {
                 "-",
                 "-H",
                 "content-type: application/json",
+                "-H",
+                "Expect:",
             ])
             .arg("--data-binary")
             .arg(format!("@{}", file.display()))
@@ -517,7 +519,7 @@ kind: InferenceService
 metadata: {name: chat}
 spec:
   model: {source: "synthetic:tiny"}
-  engine: {maxNumSeqs: 8}
+  engine: {maxNumSeqs: 8, kvCache: {numBlocks: 64}}
   autoscaling:
     minReplicas: 2
     maxReplicas: 2
@@ -586,19 +588,16 @@ spec:
     local.wait_status(
         "chat",
         Duration::from_secs(20),
-        "chat-1 kept in rotation",
+        "a hot replica kept in rotation",
         |s| {
             s["lastDecision"]["message"]
                 .as_str()
-                .is_some_and(|m| m.contains("chat-1 hot but kept in rotation to keep 1 accepting"))
+                .is_some_and(|m| m.contains("hot but kept in rotation to keep 1 accepting"))
         },
     );
     for _ in 0..10 {
-        assert_eq!(
-            local.status("chat")["acceptingReplicas"],
-            1,
-            "never below minAccepting"
-        );
+        let accepting = local.status("chat")["acceptingReplicas"].as_i64().unwrap();
+        assert!(accepting >= 1, "never below minAccepting");
         std::thread::sleep(Duration::from_millis(200));
     }
     // Load gone: chat-0 cools and returns.

@@ -32,6 +32,7 @@ async fn main() {
     }
     let spec: ballast_crds::InferenceServiceSpec =
         serde_json::from_value(serde_json::json!({"model": {"source": "synthetic:tiny"}, "autoscaling": {"maxReplicas": 2000}})).unwrap();
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let scraper = Scraper::new(ScrapeConfig {
         concurrency: 256,
         timeout: Duration::from_secs(5),

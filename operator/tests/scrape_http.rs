@@ -23,6 +23,8 @@ async fn serve(app: Router) -> String {
 }
 
 fn scraper(timeout_ms: u64, max_body_bytes: usize, concurrency: usize) -> Scraper {
+    // The program chooses the TLS provider (the `ballast` binary does in main).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     Scraper::new(ScrapeConfig {
         timeout: Duration::from_millis(timeout_ms),
         max_body_bytes,

@@ -55,9 +55,14 @@ impl SplitMix64 {
     /// The generator at `path` below `seed`: each step mixes the state so far with the next
     /// stream number, so `[a, b]` and `[b, a]`, or `[a]` and `[a, 0]`, are unrelated streams.
     pub fn derive_path(seed: u64, path: &[u64]) -> Self {
-        let state = path.iter().fold(mix(seed), |s, &x| {
-            mix(s ^ x.wrapping_mul(GAMMA).wrapping_add(1))
-        });
+        // The seed and each stream number are mixed under different constants (digits of
+        // π), so no (seed, path) is trivially another: a plain `mix(s ^ x)` would make
+        // seed 1 with path [0] the same stream as seed 0 with path [0, 0].
+        let state = path
+            .iter()
+            .fold(mix(seed ^ 0x243F_6A88_85A3_08D3), |s, &x| {
+                mix(s.rotate_left(17) ^ mix(x ^ 0x1319_8A2E_0370_7344))
+            });
         Self::new(state)
     }
 
@@ -132,6 +137,8 @@ mod tests {
             first(&[0, 1]),
             first(&[1, 0]),
             SplitMix64::derive_path(1, &[0]).next_u64(),
+            SplitMix64::derive_path(1, &[]).next_u64(),
+            SplitMix64::new(0).next_u64(),
         ];
         for i in 0..all.len() {
             for j in i + 1..all.len() {

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 pub use aggregate::{Tracker, histogram_quantile};
-pub use error::ScrapeError;
+pub use error::{ClientError, ScrapeError};
 pub use parser::Limits;
 
 use crate::signals::{Dialect, FleetSignals, ReplicaSample};
@@ -126,10 +126,13 @@ pub struct Scraper {
 impl Scraper {
     /// A scraper with its own HTTP client. Redirects are not followed and proxies from
     /// the environment are ignored: replicas are scraped directly.
-    pub fn new(config: ScrapeConfig) -> Result<Self, reqwest::Error> {
-        // reqwest is built without a default rustls provider; installing one twice is a
-        // harmless error.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+    ///
+    /// The program must have installed a TLS crypto provider (the `ballast` binary does in
+    /// main); without one this is an error rather than reqwest's panic.
+    pub fn new(config: ScrapeConfig) -> Result<Self, ClientError> {
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            return Err(ClientError::NoCryptoProvider);
+        }
         let client = reqwest::Client::builder()
             .connect_timeout(config.timeout)
             .timeout(config.timeout)
