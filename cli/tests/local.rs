@@ -429,6 +429,48 @@ fn a_hung_replica_is_replaced_and_the_control_loop_goes_on() {
     assert_eq!(report(bench, &json)["requests"]["failed"], 0);
 }
 
+/// A replica whose `/health` answers 503 (its core stopped, or something drained it behind
+/// the operator's back, as here through its control API) is taken out and replaced.
+#[test]
+fn a_replica_answering_503_is_replaced() {
+    use ballast_engine::control::proto::DrainRequest;
+    use ballast_engine::control::proto::engine_control_client::EngineControlClient;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let local = start(&FLEET.replace("minReplicas: 1", "minReplicas: 2"));
+    local.wait_status("chat", Duration::from_secs(30), "two ready replicas", |s| {
+        s["readyReplicas"] == 2
+    });
+    let grpc = local.replica("chat-0")["grpc"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let mut c = EngineControlClient::connect(grpc).await.unwrap();
+            c.drain(DrainRequest {}).await.unwrap();
+        });
+    let s = local.wait_status("chat", Duration::from_secs(20), "a replacement", |s| {
+        s["readyReplicas"] == 2
+            && s["conditions"].as_array().is_some_and(|c| {
+                c.iter().any(|c| {
+                    c["type"] == "Degraded"
+                        && c["reason"] == "ReplicaUnhealthy"
+                        && c["message"].as_str().is_some_and(|m| m.contains("503"))
+                })
+            })
+    });
+    assert_eq!(s["desiredReplicas"], 2, "{s:#}");
+    let names: Vec<Value> = local
+        .replicas("chat")
+        .iter()
+        .map(|r| r["name"].clone())
+        .collect();
+    assert!(!names.contains(&Value::from("chat-0")), "{names:?}");
+}
+
 /// Requests sent the moment `ballast local` announces its router wait for the first
 /// replica instead of failing, and `/status` lists the service from that moment on.
 #[test]
