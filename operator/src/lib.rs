@@ -7,7 +7,10 @@
 
 pub mod control;
 pub mod decide;
+pub mod engine_args;
+pub mod labels;
 pub mod local;
+pub mod metrics;
 pub mod scrape;
 pub mod signals;
 pub mod status;

@@ -5,12 +5,6 @@
 use ballast_crds::{Decision, InferenceServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// The label selector of a service's replicas (`status.selector`, the scale subresource's
-/// selector).
-pub fn selector(name: &str) -> String {
-    format!("app.kubernetes.io/instance={name}")
-}
-
 /// A condition to set: its type, whether it holds, a CamelCase reason and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConditionSet<'a> {
@@ -106,7 +100,7 @@ pub fn assemble(p: StatusParts<'_>) -> InferenceServiceStatus {
         ready_replicas: c.ready,
         accepting_replicas: c.accepting,
         desired_replicas: p.desired,
-        selector: selector(p.name),
+        selector: crate::labels::selector(p.name),
         last_scale_time: p.last_scale_time,
         conditions: p.conditions.to_vec(),
         last_decision: p.last_decision.cloned(),
@@ -203,7 +197,10 @@ mod tests {
             (s.replicas, s.ready_replicas, s.accepting_replicas),
             (4, 2, 1)
         );
-        assert_eq!(s.selector, "app.kubernetes.io/instance=chat");
+        assert_eq!(
+            s.selector,
+            "app.kubernetes.io/instance=chat,app.kubernetes.io/name=ballast-engine"
+        );
         assert_eq!(s.observed_generation, Some(4));
         assert_eq!(ready_condition(counts, 3).reason, "ReplicasReady");
         let none = ReplicaCounts::default();

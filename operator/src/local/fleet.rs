@@ -174,6 +174,8 @@ impl Fleet {
                 && r.exited().is_none()
             {
                 r.kill_now();
+                // Killed once: the process is reaped at a later tick.
+                r.stopping_since = None;
                 events.push(FleetEvent::Killed {
                     replica: r.name.clone(),
                 });

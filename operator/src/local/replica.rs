@@ -152,48 +152,6 @@ struct Announced {
     grpc: Option<SocketAddr>,
 }
 
-/// The `ballast engine` arguments an InferenceService implies.
-pub fn engine_args(isvc: &InferenceService, grpc_port: u16) -> Vec<String> {
-    let s = &isvc.spec;
-    let e = &s.engine;
-    let mut a: Vec<String> = vec![
-        "engine".into(),
-        "--host".into(),
-        "127.0.0.1".into(),
-        "--port".into(),
-        "0".into(),
-        "--grpc-port".into(),
-        grpc_port.to_string(),
-        "--model".into(),
-        s.model.source.clone(),
-        "--served-model-name".into(),
-        isvc.served_name(),
-        "--data-parallel-size".into(),
-        e.data_parallel_size.to_string(),
-        "--max-num-seqs".into(),
-        e.max_num_seqs.to_string(),
-        "--max-num-batched-tokens".into(),
-        e.max_num_batched_tokens.to_string(),
-        "--max-queued-requests".into(),
-        e.max_queued_requests.to_string(),
-        "--max-queued-tokens".into(),
-        e.max_queued_tokens.to_string(),
-        "--block-size".into(),
-        e.kv_cache.block_size.to_string(),
-    ];
-    if let Some(n) = e.max_running_per_tenant {
-        a.extend(["--max-running-per-tenant".into(), n.to_string()]);
-    }
-    if let Some(n) = e.kv_cache.num_blocks {
-        a.extend(["--num-kv-blocks".into(), n.to_string()]);
-    }
-    if !e.enable_prefix_caching {
-        a.push("--no-enable-prefix-caching".into());
-    }
-    a.extend(e.args.iter().cloned());
-    a
-}
-
 /// A free loopback port for the control API. The engine binds it right away; if another
 /// process wins the race the engine exits with a bind error and the runtime starts a new
 /// replica.
@@ -215,7 +173,14 @@ impl Replica {
         let log = log_dir.join(format!("{name}.log"));
         let log_file = std::fs::File::create(&log)?;
         let mut child = Command::new(bin)
-            .args(engine_args(isvc, grpc_port))
+            .args(crate::engine_args::ballast(
+                isvc,
+                crate::engine_args::Listen {
+                    host: "127.0.0.1",
+                    port: 0,
+                    grpc_port: i32::from(grpc_port),
+                },
+            ))
             .env(
                 "BALLAST_LOG",
                 std::env::var("BALLAST_ENGINE_LOG").unwrap_or_else(|_| "info".into()),

@@ -1,0 +1,116 @@
+//! The operator's own metrics (control-plane contract §4 names), served by both runtimes:
+//! `ballast local`'s admin port and `ballast operator`'s `/metrics`.
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// The operator's metric families.
+pub struct OperatorMetrics {
+    registry: Registry,
+    /// `ballast_operator_decisions_total{name, action, reason}`.
+    pub decisions: IntCounterVec,
+    /// `ballast_operator_desired_replicas{name}`.
+    pub desired_replicas: IntGaugeVec,
+    /// `ballast_operator_replicas{name, state}`: ready, starting, draining, accepting.
+    pub replicas: IntGaugeVec,
+    /// `ballast_operator_signal{name, signal}`: the aggregated signals decided on.
+    pub signal: GaugeVec,
+    /// `ballast_operator_scrape_errors_total{name, reason}`.
+    pub scrape_errors: IntCounterVec,
+    /// `ballast_operator_scrape_duration_seconds{name}`: one control period's scrape.
+    pub scrape_duration: HistogramVec,
+}
+
+impl Default for OperatorMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OperatorMetrics {
+    /// Registers every family.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "ballast_operator_decisions_total",
+                "Decisions by service, action and reason.",
+            ),
+            &["name", "action", "reason"],
+        )
+        .expect("valid");
+        let desired_replicas = IntGaugeVec::new(
+            Opts::new(
+                "ballast_operator_desired_replicas",
+                "Replicas the operator wants per service.",
+            ),
+            &["name"],
+        )
+        .expect("valid");
+        let replicas = IntGaugeVec::new(
+            Opts::new(
+                "ballast_operator_replicas",
+                "Replicas per service by state: ready, starting, draining, accepting.",
+            ),
+            &["name", "state"],
+        )
+        .expect("valid");
+        let signal = GaugeVec::new(
+            Opts::new(
+                "ballast_operator_signal",
+                "Aggregated fleet signals the last decision used.",
+            ),
+            &["name", "signal"],
+        )
+        .expect("valid");
+        let scrape_errors = IntCounterVec::new(
+            Opts::new(
+                "ballast_operator_scrape_errors_total",
+                "Failed replica scrapes by reason.",
+            ),
+            &["name", "reason"],
+        )
+        .expect("valid");
+        let scrape_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "ballast_operator_scrape_duration_seconds",
+                "Time to scrape every replica of a service once.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["name"],
+        )
+        .expect("valid");
+        for c in [
+            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(desired_replicas.clone()),
+            Box::new(replicas.clone()),
+            Box::new(signal.clone()),
+            Box::new(scrape_errors.clone()),
+            Box::new(scrape_duration.clone()),
+        ] {
+            registry.register(c).expect("unique");
+        }
+        Self {
+            registry,
+            decisions,
+            desired_replicas,
+            replicas,
+            signal,
+            scrape_errors,
+            scrape_duration,
+        }
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("encodes");
+        String::from_utf8(buf).expect("UTF-8")
+    }
+}
