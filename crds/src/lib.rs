@@ -495,8 +495,10 @@ pub struct InferenceServiceStatus {
     /// When the replica count last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale_time: Option<String>,
-    /// Ready, ScalingActive, ScalingLimited, MetricsAvailable, Degraded.
+    /// Ready, ScalingActive, ScalingLimited, MetricsAvailable, Degraded; one per type (a
+    /// list-map keyed by `type`, so server-side apply merges them by type).
     #[serde(default)]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
     /// The latest decision and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
