@@ -22,6 +22,9 @@ enum Command {
     /// Run InferenceServices on this machine: engine processes on loopback, a router,
     /// and the control loop that scales and rebalances them.
     Local(ballast_operator::local::LocalArgs),
+    /// Run the Kubernetes controller: reconcile InferenceServices in the cluster (in-cluster
+    /// config or KUBECONFIG), with leader election, /metrics, /healthz and /readyz.
+    Operator(ballast_operator::reconcile::OperatorArgs),
     /// Print the InferenceService CRD (YAML) generated from the Rust types.
     Crd,
 }
@@ -69,6 +72,15 @@ fn main() -> ExitCode {
             Command::Crd => unreachable!("handled before the runtime starts"),
             Command::Local(args) => {
                 match ballast_operator::local::run(args, shutdown_signal()).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        e.exit_code()
+                    }
+                }
+            }
+            Command::Operator(args) => {
+                match ballast_operator::reconcile::run(args, shutdown_signal()).await {
                     Ok(()) => 0,
                     Err(e) => {
                         eprintln!("error: {e}");

@@ -11,6 +11,7 @@ pub mod engine_args;
 pub mod labels;
 pub mod local;
 pub mod metrics;
+pub mod reconcile;
 pub mod scrape;
 pub mod signals;
 pub mod status;

@@ -21,6 +21,11 @@ pub struct OperatorMetrics {
     pub scrape_errors: IntCounterVec,
     /// `ballast_operator_scrape_duration_seconds{name}`: one control period's scrape.
     pub scrape_duration: HistogramVec,
+    /// `ballast_operator_reconcile_errors_total{name, category}` (Kubernetes runtime).
+    pub reconcile_errors: IntCounterVec,
+    /// `ballast_operator_api_writes_total{name, object}`: writes to the API server, by the
+    /// object written (Kubernetes runtime). An unchanged resource adds none.
+    pub api_writes: IntCounterVec,
 }
 
 impl Default for OperatorMetrics {
@@ -84,6 +89,22 @@ impl OperatorMetrics {
             &["name"],
         )
         .expect("valid");
+        let reconcile_errors = IntCounterVec::new(
+            Opts::new(
+                "ballast_operator_reconcile_errors_total",
+                "Failed reconciles by service and error category.",
+            ),
+            &["name", "category"],
+        )
+        .expect("valid");
+        let api_writes = IntCounterVec::new(
+            Opts::new(
+                "ballast_operator_api_writes_total",
+                "Writes to the Kubernetes API server by service and object (deployment, service, pdb, servicemonitor, status, pod).",
+            ),
+            &["name", "object"],
+        )
+        .expect("valid");
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(desired_replicas.clone()),
@@ -91,6 +112,8 @@ impl OperatorMetrics {
             Box::new(signal.clone()),
             Box::new(scrape_errors.clone()),
             Box::new(scrape_duration.clone()),
+            Box::new(reconcile_errors.clone()),
+            Box::new(api_writes.clone()),
         ] {
             registry.register(c).expect("unique");
         }
@@ -102,6 +125,8 @@ impl OperatorMetrics {
             signal,
             scrape_errors,
             scrape_duration,
+            reconcile_errors,
+            api_writes,
         }
     }
 

@@ -1,0 +1,626 @@
+//! The objects an InferenceService implies, as plain values: a Deployment of engine pods, a
+//! Service, a PodDisruptionBudget and (when the Prometheus Operator is installed) a
+//! ServiceMonitor. Pure: no client, no clock, so every field is table-tested.
+//!
+//! Each object carries only the fields the operator owns: they are applied with server-side
+//! apply under one field manager, and compared with the live object field by field (see
+//! `apply`), so what the API server defaults is never fought over.
+
+use ballast_crds::{EngineKind, InferenceService};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PodReadinessGate, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::{Value, json};
+
+use crate::engine_args::{self, Listen};
+use crate::labels;
+
+/// The pod condition the operator sets to take a pod out of its Service's rotation (False)
+/// or keep it in (True). Pods carry it as a readiness gate, so a pod is Ready (and an
+/// endpoint) only while it is True.
+pub const ACCEPTING_CONDITION: &str = "ballast.dev/accepting";
+
+/// The annotation a Deployment reads to choose which pods a scale-down removes first
+/// (lowest cost first).
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// The engine's own drain limit (`ballast engine --drain-timeout`, default 600 s) plus a
+/// margin to exit: the pod's termination grace period, so Kubernetes never kills a replica
+/// that is still finishing what it accepted.
+pub const TERMINATION_GRACE_SECONDS: i64 = 630;
+
+/// Non-root user the engine container runs as.
+pub const RUN_AS_USER: i64 = 65532;
+
+/// Everything `build` needs besides the resource.
+#[derive(Debug, Clone)]
+pub struct BuildInput<'a> {
+    /// The resource.
+    pub isvc: &'a InferenceService,
+    /// The replica count to run.
+    pub replicas: i32,
+    /// Image for `kind: ballast` when `spec.engine.image` is empty (the operator's
+    /// `--engine-image`).
+    pub default_image: &'a str,
+    /// Whether the ServiceMonitor CRD (monitoring.coreos.com/v1) is installed.
+    pub service_monitor_crd: bool,
+}
+
+/// Why the objects cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The resource has no name, namespace or uid (not read from the API server).
+    #[error("the InferenceService has no {0}")]
+    Incomplete(&'static str),
+    /// No image for the engine container.
+    #[error(
+        "spec.engine.image is required for engine.kind {0} (the operator has a default only for ballast)"
+    )]
+    NoImage(&'static str),
+}
+
+/// What the spec implies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    /// The engine pods.
+    pub deployment: Deployment,
+    /// Their Service.
+    pub service: Service,
+    /// At most one pod down at a time by voluntary disruption.
+    pub pdb: PodDisruptionBudget,
+    /// A ServiceMonitor, when its CRD is installed.
+    pub service_monitor: Option<Value>,
+}
+
+fn kind_word(kind: EngineKind) -> &'static str {
+    match kind {
+        EngineKind::Ballast => "ballast",
+        EngineKind::Vllm => "vllm",
+        EngineKind::Sglang => "sglang",
+    }
+}
+
+/// The owner reference that makes the resource own (and garbage-collect) an object.
+pub fn owner_reference(isvc: &InferenceService) -> Result<OwnerReference, BuildError> {
+    Ok(OwnerReference {
+        api_version: "ballast.dev/v1alpha1".into(),
+        kind: "InferenceService".into(),
+        name: isvc
+            .metadata
+            .name
+            .clone()
+            .ok_or(BuildError::Incomplete("name"))?,
+        uid: isvc
+            .metadata
+            .uid
+            .clone()
+            .ok_or(BuildError::Incomplete("uid"))?,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    })
+}
+
+fn meta(isvc: &InferenceService) -> Result<ObjectMeta, BuildError> {
+    let name = isvc
+        .metadata
+        .name
+        .clone()
+        .ok_or(BuildError::Incomplete("name"))?;
+    Ok(ObjectMeta {
+        labels: Some(labels::labels(&name)),
+        namespace: Some(
+            isvc.metadata
+                .namespace
+                .clone()
+                .ok_or(BuildError::Incomplete("namespace"))?,
+        ),
+        owner_references: Some(vec![owner_reference(isvc)?]),
+        name: Some(name),
+        ..ObjectMeta::default()
+    })
+}
+
+/// Every object the spec implies.
+pub fn build(input: &BuildInput<'_>) -> Result<Desired, BuildError> {
+    Ok(Desired {
+        deployment: deployment(input)?,
+        service: service(input.isvc)?,
+        pdb: pdb(input.isvc)?,
+        service_monitor: if input.service_monitor_crd {
+            Some(service_monitor(input.isvc)?)
+        } else {
+            None
+        },
+    })
+}
+
+fn http_get(port: &str) -> Option<HTTPGetAction> {
+    Some(HTTPGetAction {
+        path: Some("/health".into()),
+        port: IntOrString::String(port.into()),
+        ..HTTPGetAction::default()
+    })
+}
+
+/// The engine Deployment.
+pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
+    let isvc = input.isvc;
+    let e = &isvc.spec.engine;
+    let name = isvc
+        .metadata
+        .name
+        .clone()
+        .ok_or(BuildError::Incomplete("name"))?;
+    let image = match (e.image.is_empty(), e.kind) {
+        (false, _) => e.image.clone(),
+        (true, EngineKind::Ballast) if !input.default_image.is_empty() => {
+            input.default_image.to_string()
+        }
+        (true, kind) => return Err(BuildError::NoImage(kind_word(kind))),
+    };
+    let grpc_port = if e.kind == EngineKind::Ballast {
+        e.grpc_port
+    } else {
+        0
+    };
+    let cmd = engine_args::command(
+        isvc,
+        Listen {
+            host: "$(POD_IP)",
+            port: e.port,
+            grpc_port,
+        },
+    );
+    let mut ports = vec![ContainerPort {
+        name: Some("http".into()),
+        container_port: e.port,
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
+    }];
+    if grpc_port > 0 {
+        ports.push(ContainerPort {
+            name: Some("grpc".into()),
+            container_port: grpc_port,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        });
+    }
+    // POD_IP first: `$(POD_IP)` in the arguments is expanded from it. HOME and the cache
+    // go to the writable /tmp volume, since the root filesystem is read-only.
+    let mut env = vec![
+        EnvVar {
+            name: "POD_IP".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "status.podIP".into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: "HOME".into(),
+            value: Some("/tmp".into()),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: "XDG_CACHE_HOME".into(),
+            value: Some("/tmp/.cache".into()),
+            ..EnvVar::default()
+        },
+    ];
+    env.extend(e.env.iter().cloned());
+    let resources = (e.resources != Default::default()).then(|| e.resources.clone());
+    let container = Container {
+        name: "engine".into(),
+        image: Some(image),
+        command: cmd.command,
+        args: Some(cmd.args),
+        env: Some(env),
+        ports: Some(ports),
+        resources,
+        // Loading a model can take minutes: the startup probe allows 30 of them, then
+        // readiness and liveness take over.
+        startup_probe: Some(Probe {
+            http_get: http_get("http"),
+            period_seconds: Some(2),
+            failure_threshold: Some(900),
+            ..Probe::default()
+        }),
+        readiness_probe: Some(Probe {
+            http_get: http_get("http"),
+            period_seconds: Some(2),
+            failure_threshold: Some(2),
+            ..Probe::default()
+        }),
+        liveness_probe: Some(Probe {
+            http_get: http_get("http"),
+            period_seconds: Some(10),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(6),
+            ..Probe::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    };
+    let selector = labels::selector_labels(&name);
+    let pod = PodSpec {
+        containers: vec![container],
+        readiness_gates: Some(vec![PodReadinessGate {
+            condition_type: ACCEPTING_CONDITION.into(),
+        }]),
+        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS_USER),
+            run_as_group: Some(RUN_AS_USER),
+            fs_group: Some(RUN_AS_USER),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        volumes: Some(vec![Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        }]),
+        ..PodSpec::default()
+    };
+    Ok(Deployment {
+        metadata: meta(isvc)?,
+        spec: Some(DeploymentSpec {
+            replicas: Some(input.replicas.max(0)),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            // Capacity never dips during a rollout: a new pod first, then an old one goes.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(k8s_openapi::api::apps::v1::RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels::labels(&name)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The Service in front of the pods (its endpoints are the pods whose accepting gate is
+/// True).
+pub fn service(isvc: &InferenceService) -> Result<Service, BuildError> {
+    let e = &isvc.spec.engine;
+    let name = isvc
+        .metadata
+        .name
+        .clone()
+        .ok_or(BuildError::Incomplete("name"))?;
+    let mut ports = vec![ServicePort {
+        name: Some("http".into()),
+        port: e.port,
+        target_port: Some(IntOrString::String("http".into())),
+        protocol: Some("TCP".into()),
+        ..ServicePort::default()
+    }];
+    if e.kind == EngineKind::Ballast && e.grpc_port > 0 {
+        ports.push(ServicePort {
+            name: Some("grpc".into()),
+            port: e.grpc_port,
+            target_port: Some(IntOrString::String("grpc".into())),
+            protocol: Some("TCP".into()),
+            ..ServicePort::default()
+        });
+    }
+    Ok(Service {
+        metadata: meta(isvc)?,
+        spec: Some(ServiceSpec {
+            selector: Some(labels::selector_labels(&name)),
+            ports: Some(ports),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// At most one pod unavailable through voluntary disruptions (drains, upgrades).
+pub fn pdb(isvc: &InferenceService) -> Result<PodDisruptionBudget, BuildError> {
+    let name = isvc
+        .metadata
+        .name
+        .clone()
+        .ok_or(BuildError::Incomplete("name"))?;
+    Ok(PodDisruptionBudget {
+        metadata: meta(isvc)?,
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(labels::selector_labels(&name)),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// A `monitoring.coreos.com/v1` ServiceMonitor scraping the engines' metrics at the spec's
+/// interval.
+pub fn service_monitor(isvc: &InferenceService) -> Result<Value, BuildError> {
+    let meta = meta(isvc)?;
+    let name = meta.name.clone().unwrap_or_default();
+    let m = &isvc.spec.metrics;
+    Ok(json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": labels::selector_labels(&name)},
+            "endpoints": [{
+                "port": "http",
+                "path": m.path,
+                "interval": format!("{}s", m.scrape_interval_seconds),
+                "scrapeTimeout": format!("{}s", m.scrape_timeout_seconds),
+            }],
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn isvc(engine: &str) -> InferenceService {
+        let mut i = ballast_crds::parse_yaml(&format!(
+            r#"
+apiVersion: ballast.dev/v1alpha1
+kind: InferenceService
+metadata: {{name: chat, namespace: prod}}
+spec:
+  model: {{source: "synthetic:small"}}
+  engine: {engine}
+  metrics: {{scrapeIntervalSeconds: 3, scrapeTimeoutSeconds: 2}}
+"#
+        ))
+        .unwrap()
+        .remove(0);
+        i.metadata.uid = Some("uid-1".into());
+        i
+    }
+
+    fn input(i: &InferenceService) -> BuildInput<'_> {
+        BuildInput {
+            isvc: i,
+            replicas: 3,
+            default_image: "ballast:dev",
+            service_monitor_crd: false,
+        }
+    }
+
+    fn container(d: &Deployment) -> &Container {
+        &d.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+    }
+
+    #[test]
+    fn the_deployment_runs_the_engine_the_spec_implies() {
+        let i = isvc("{maxNumSeqs: 8}");
+        let d = deployment(&input(&i)).unwrap();
+        let spec = d.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(3));
+        assert_eq!(
+            spec.selector.match_labels.as_ref(),
+            Some(&labels::selector_labels("chat"))
+        );
+        let meta = &d.metadata;
+        assert_eq!(meta.namespace.as_deref(), Some("prod"));
+        let owner = &meta.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("InferenceService", "uid-1", Some(true))
+        );
+        let c = container(&d);
+        assert_eq!(c.image.as_deref(), Some("ballast:dev"), "the default image");
+        assert_eq!(c.command.as_deref(), Some(&["ballast".to_string()][..]));
+        let args = c.args.as_ref().unwrap();
+        let at = |flag: &str| args[args.iter().position(|a| a == flag).unwrap() + 1].clone();
+        assert_eq!(args[0], "engine");
+        assert_eq!(at("--host"), "$(POD_IP)");
+        assert_eq!(at("--port"), "8000");
+        assert_eq!(at("--grpc-port"), "9000");
+        assert_eq!(at("--max-num-seqs"), "8");
+        let env = c.env.as_ref().unwrap();
+        assert_eq!(env[0].name, "POD_IP", "declared before the args use it");
+        assert_eq!(
+            env[0]
+                .value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
+            "status.podIP"
+        );
+        let ports: Vec<(&str, i32)> = c
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| (p.name.as_deref().unwrap(), p.container_port))
+            .collect();
+        assert_eq!(ports, [("http", 8000), ("grpc", 9000)]);
+        for probe in [&c.startup_probe, &c.readiness_probe, &c.liveness_probe] {
+            let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+            assert_eq!(get.path.as_deref(), Some("/health"));
+        }
+    }
+
+    #[test]
+    fn pods_are_locked_down_and_gated() {
+        let i = isvc("{}");
+        let d = deployment(&input(&i)).unwrap();
+        let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let sc = container(&d).security_context.as_ref().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_string()][..])
+        );
+        assert_eq!(
+            pod.security_context.as_ref().unwrap().run_as_user,
+            Some(RUN_AS_USER)
+        );
+        assert_eq!(
+            pod.readiness_gates.as_ref().unwrap()[0].condition_type,
+            ACCEPTING_CONDITION
+        );
+        assert!(
+            pod.termination_grace_period_seconds.unwrap() > 600,
+            "covers the engine's 600 s drain"
+        );
+        let mounts = container(&d).volume_mounts.as_ref().unwrap();
+        assert_eq!(mounts[0].mount_path, "/tmp", "a writable /tmp");
+    }
+
+    #[test]
+    fn images_and_engine_kinds() {
+        // Table: (engine spec, default image, Ok(image, command head) or the error).
+        type Want = Result<(&'static str, Option<&'static str>), BuildError>;
+        let cases: [(&str, &str, Want); 5] = [
+            (
+                "{image: 'my/ballast:1'}",
+                "",
+                Ok(("my/ballast:1", Some("ballast"))),
+            ),
+            ("{}", "ballast:dev", Ok(("ballast:dev", Some("ballast")))),
+            ("{}", "", Err(BuildError::NoImage("ballast"))),
+            (
+                "{kind: vllm}",
+                "ballast:dev",
+                Err(BuildError::NoImage("vllm")),
+            ),
+            (
+                "{kind: sglang, image: 'lmsysorg/sglang:v0.5.0', grpcPort: 9000}",
+                "",
+                Ok(("lmsysorg/sglang:v0.5.0", Some("python3"))),
+            ),
+        ];
+        for (engine, default_image, want) in cases {
+            let i = isvc(engine);
+            let got = deployment(&BuildInput {
+                default_image,
+                ..input(&i)
+            });
+            match (got, want) {
+                (Ok(d), Ok((image, head))) => {
+                    let c = container(&d);
+                    assert_eq!(c.image.as_deref(), Some(image), "{engine}");
+                    assert_eq!(c.command.as_ref().map(|c| c[0].as_str()), head, "{engine}");
+                    if i.spec.engine.kind != EngineKind::Ballast {
+                        assert_eq!(c.ports.as_ref().unwrap().len(), 1, "no control API port");
+                    }
+                }
+                (Err(e), Err(w)) => assert_eq!(e, w, "{engine}"),
+                (got, want) => panic!("{engine}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn service_pdb_and_service_monitor() {
+        let i = isvc("{port: 8080, grpcPort: 0}");
+        let s = service(&i).unwrap();
+        let spec = s.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.selector.as_ref(),
+            Some(&labels::selector_labels("chat"))
+        );
+        let ports = spec.ports.as_ref().unwrap();
+        assert_eq!(ports.len(), 1, "no grpc port when grpcPort is 0");
+        assert_eq!(ports[0].port, 8080);
+        let p = pdb(&i).unwrap();
+        assert_eq!(
+            p.spec.as_ref().unwrap().max_unavailable,
+            Some(IntOrString::Int(1))
+        );
+        let all = build(&input(&i)).unwrap();
+        assert!(all.service_monitor.is_none(), "not without its CRD");
+        let all = build(&BuildInput {
+            service_monitor_crd: true,
+            ..input(&i)
+        })
+        .unwrap();
+        let sm = all.service_monitor.unwrap();
+        assert_eq!(sm["spec"]["endpoints"][0]["interval"], "3s");
+        assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+        assert_eq!(sm["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    }
+
+    #[test]
+    fn an_unsaved_resource_cannot_be_built() {
+        let mut i = isvc("{}");
+        i.metadata.uid = None;
+        assert_eq!(
+            build(&input(&i)).unwrap_err(),
+            BuildError::Incomplete("uid")
+        );
+    }
+
+    #[test]
+    fn every_object_deserializes_into_its_api_type() {
+        let i = isvc("{}");
+        let all = build(&BuildInput {
+            service_monitor_crd: true,
+            ..input(&i)
+        })
+        .unwrap();
+        let d: Deployment =
+            serde_json::from_value(serde_json::to_value(&all.deployment).unwrap()).unwrap();
+        assert_eq!(d, all.deployment);
+        let _: Service =
+            serde_json::from_value(serde_json::to_value(&all.service).unwrap()).unwrap();
+        let _: PodDisruptionBudget =
+            serde_json::from_value(serde_json::to_value(&all.pdb).unwrap()).unwrap();
+    }
+}

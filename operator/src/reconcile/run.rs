@@ -1,0 +1,266 @@
+//! `ballast operator`: the Kubernetes client, leader election, the Controller, and the
+//! operator's own HTTP endpoints (`/metrics`, `/healthz`, `/readyz`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use ballast_crds::InferenceService;
+use clap::Args;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+
+use super::leader::Elector;
+use super::{Config, Context, error_policy, reconcile};
+use crate::metrics::OperatorMetrics;
+
+/// Flags of `ballast operator`.
+#[derive(Debug, Clone, Args)]
+pub struct OperatorArgs {
+    /// Watch InferenceServices in this namespace only [default: every namespace].
+    #[arg(long, env = "BALLAST_NAMESPACE", value_name = "NS")]
+    pub namespace: Option<String>,
+
+    /// Port of `/metrics`, `/healthz` and `/readyz`.
+    #[arg(
+        long,
+        env = "BALLAST_METRICS_PORT",
+        value_name = "PORT",
+        default_value_t = 8080
+    )]
+    pub metrics_port: u16,
+
+    /// Address those endpoints bind to.
+    #[arg(
+        long,
+        env = "BALLAST_METRICS_HOST",
+        value_name = "HOST",
+        default_value = "0.0.0.0"
+    )]
+    pub metrics_host: std::net::IpAddr,
+
+    /// Image of `engine.kind: ballast` replicas whose spec names none.
+    #[arg(
+        long,
+        env = "BALLAST_ENGINE_IMAGE",
+        value_name = "IMAGE",
+        default_value = ""
+    )]
+    pub engine_image: String,
+
+    /// Run without leader election (one operator replica only).
+    #[arg(long, env = "BALLAST_NO_LEADER_ELECTION")]
+    pub no_leader_election: bool,
+
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "BALLAST_LEASE_NAME",
+        value_name = "NAME",
+        default_value = "ballast-operator"
+    )]
+    pub lease_name: String,
+
+    /// Namespace of the Lease [default: the pod's namespace (POD_NAMESPACE), else `default`].
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+    pub lease_namespace: Option<String>,
+
+    /// Seconds a leader holds the Lease without renewing it.
+    #[arg(
+        long,
+        env = "BALLAST_LEASE_SECONDS",
+        value_name = "SECS",
+        default_value_t = 15
+    )]
+    pub lease_seconds: u64,
+
+    /// This replica's identity in the Lease [default: the pod's name (POD_NAME), else the
+    /// host name and process id].
+    #[arg(long, env = "POD_NAME", value_name = "ID")]
+    pub identity: Option<String>,
+}
+
+/// Why `ballast operator` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// No Kubernetes configuration (neither in-cluster nor KUBECONFIG).
+    #[error("cannot configure a Kubernetes client: {0}")]
+    Config(#[source] kube::Error),
+    /// The metrics port cannot be bound.
+    #[error("cannot listen on {addr} (--metrics-port): {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The leader lease was lost: another replica acts now; this one exits so that it
+    /// restarts as a candidate.
+    #[error("lost the leader lease")]
+    LostLease,
+}
+
+impl OperatorError {
+    /// Process exit code.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            OperatorError::Config(_) => 2,
+            OperatorError::Listen { .. } | OperatorError::LostLease => 1,
+        }
+    }
+}
+
+/// What `/readyz` says.
+const STARTING: u8 = 0;
+const STANDBY: u8 = 1;
+const LEADING: u8 = 2;
+
+#[derive(Clone)]
+struct Admin {
+    metrics: Arc<OperatorMetrics>,
+    role: Arc<AtomicU8>,
+}
+
+fn admin_router(admin: Admin) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(a): State<Admin>| async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    a.metrics.render(),
+                )
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(a): State<Admin>| async move {
+                match a.role.load(Ordering::SeqCst) {
+                    LEADING => (StatusCode::OK, "leader").into_response(),
+                    STANDBY => (StatusCode::OK, "standby").into_response(),
+                    _ => (StatusCode::SERVICE_UNAVAILABLE, "starting").into_response(),
+                }
+            }),
+        )
+        .with_state(admin)
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "ballast-operator".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Runs the operator until `shutdown` resolves (the binary passes SIGTERM/SIGINT) or the
+/// leader lease is lost.
+pub async fn run(
+    args: OperatorArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), OperatorError> {
+    let client = Client::try_default().await.map_err(OperatorError::Config)?;
+    let metrics = Arc::new(OperatorMetrics::new());
+    let role = Arc::new(AtomicU8::new(STARTING));
+    let addr = std::net::SocketAddr::new(args.metrics_host, args.metrics_port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| OperatorError::Listen { addr, source })?;
+    // Printed (not logged) so scripts and tests can read the port.
+    println!(
+        "ballast operator metrics listening on http://{}",
+        listener
+            .local_addr()
+            .map_err(|source| OperatorError::Listen { addr, source })?
+    );
+    let app = admin_router(Admin {
+        metrics: Arc::clone(&metrics),
+        role: Arc::clone(&role),
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let elector = (!args.no_leader_election).then(|| {
+        let ns = args.lease_namespace.as_deref().unwrap_or("default");
+        Elector::new(
+            Api::<Lease>::namespaced(client.clone(), ns),
+            &args.lease_name,
+            &identity,
+            Duration::from_secs(args.lease_seconds.max(3)),
+        )
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    if let Some(e) = &elector {
+        role.store(STANDBY, Ordering::SeqCst);
+        tracing::info!(target: "ballast::operator", identity = %e.identity(), lease = %args.lease_name, "waiting for the leader lease");
+        tokio::select! {
+            _ = e.acquire(e.renew_every()) => {}
+            _ = stopped(stop_rx.clone()) => return Ok(()),
+        }
+    }
+    role.store(LEADING, Ordering::SeqCst);
+    tracing::info!(target: "ballast::operator", identity = %identity, "leading: reconciling InferenceServices");
+
+    let (isvcs, deployments) = match &args.namespace {
+        Some(ns) => (
+            Api::<InferenceService>::namespaced(client.clone(), ns),
+            Api::<Deployment>::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "ballast-operator".into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let ctx = Context::new(
+        client.clone(),
+        Config {
+            default_engine_image: args.engine_image.clone(),
+        },
+        Arc::clone(&metrics),
+        recorder,
+    );
+    let controller = Controller::new(isvcs, watcher::Config::default())
+        .owns(deployments, watcher::Config::default())
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(target: "ballast::operator", error = %e, "controller event");
+            }
+        });
+    let lost = async {
+        match &elector {
+            Some(e) => e.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = controller => Ok(()),
+        _ = lost => Err(OperatorError::LostLease),
+    }
+}
