@@ -77,8 +77,8 @@ struct ServiceState {
     tracker: Tracker,
     scraper: Option<(ScrapeConfig, Scraper)>,
     epoch: Option<Instant>,
-    /// When the last control period ran, its desired count and its outcome.
-    last_period: Option<(Instant, i32, Outcome)>,
+    /// When the last control period ran, and the replica count it wanted.
+    last_period: Option<(Instant, i32)>,
     dp_weights: BTreeMap<String, Vec<f64>>,
     controls: BTreeMap<String, EngineControlClient<Channel>>,
     failures: u32,
@@ -270,7 +270,7 @@ async fn reconcile_inner(
     let due = state
         .last_period
         .as_ref()
-        .is_none_or(|(at, _, _)| at.elapsed() >= period);
+        .is_none_or(|(at, _)| at.elapsed() >= period);
     let mut fleet = FleetSignals::default();
     let mut decided = None;
     if due {
@@ -297,19 +297,29 @@ async fn reconcile_inner(
                     .inc();
             }
         }
+        // A leader that just started (or meets a service whose first replicas just became
+        // ready) has no previous sample, so no counter rate yet: deciding now would flip
+        // conditions to "signal missing" and back one period later, two status writes for
+        // nothing. That first period only seeds the tracker.
+        let seeding = state.tracker.tracked() == 0 && outcomes.iter().any(|o| o.result.is_ok());
         fleet = state
             .tracker
             .observe_outcomes(Instant::now(), &outcomes, counts.starting as usize);
-        let input = decide::input(isvc, &observed, fleet.clone(), &state.dp_weights);
-        let epoch = *state.epoch.get_or_insert_with(Instant::now);
-        let outcome = crate::decide::decide(&input, &state.history, epoch.elapsed());
-        state
-            .history
-            .record(&outcome.history, outcome.desired_replicas != current);
-        state.last_period = Some((Instant::now(), outcome.desired_replicas, outcome.clone()));
-        decided = Some(outcome);
+        if seeding {
+            let kept = state.last_period.map_or(current, |(_, d)| d);
+            state.last_period = Some((Instant::now(), kept));
+        } else {
+            let input = decide::input(isvc, &observed, fleet.clone(), &state.dp_weights);
+            let epoch = *state.epoch.get_or_insert_with(Instant::now);
+            let outcome = crate::decide::decide(&input, &state.history, epoch.elapsed());
+            state
+                .history
+                .record(&outcome.history, outcome.desired_replicas != current);
+            state.last_period = Some((Instant::now(), outcome.desired_replicas));
+            decided = Some(outcome);
+        }
     }
-    let desired = state.last_period.as_ref().map_or(current, |(_, d, _)| *d);
+    let desired = state.last_period.map_or(current, |(_, d)| d);
 
     // build
     let service_monitor_crd = apply::service_monitor_crd(client).await?;
@@ -405,7 +415,7 @@ async fn reconcile_inner(
     let next = state
         .last_period
         .as_ref()
-        .map_or(period, |(at, _, _)| period.saturating_sub(at.elapsed()));
+        .map_or(period, |(at, _)| period.saturating_sub(at.elapsed()));
     Ok(Action::requeue(next.max(Duration::from_millis(100))))
 }
 

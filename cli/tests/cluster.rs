@@ -1,0 +1,452 @@
+//! `ballast operator` end to end on a real Kubernetes control plane (kube-apiserver,
+//! kube-controller-manager, kube-scheduler and etcd on loopback; see `e2e/`), with the
+//! process kubelet running engine pods as local processes and a kube-proxy stand-in sending
+//! load to the ready pods. The operator runs as its own process with a ServiceAccount token
+//! bound to exactly the RBAC rules the chart ships.
+//!
+//! Skips (saying why) when the control-plane binaries are not installed; set
+//! `BALLAST_REQUIRE_E2E=1` to make that a failure. docs/e2e.md says how to build them.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ballast_e2e::cluster::{ControlPlane, binaries};
+use ballast_e2e::kubelet::{self, KubeletConfig};
+use ballast_e2e::proxy;
+use serde_json::Value;
+
+fn ballast() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ballast"))
+}
+
+/// An operator process; killed when dropped.
+struct Operator {
+    child: Child,
+    metrics: String,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Operator {
+    fn start(kubeconfig: &Path, identity: &str, log: &Path) -> Operator {
+        let mut child = Command::new(ballast())
+            .args([
+                "operator",
+                "--engine-image",
+                "ballast:e2e",
+                "--metrics-port",
+                "0",
+            ])
+            .args([
+                "--metrics-host",
+                "127.0.0.1",
+                "--lease-namespace",
+                "ballast-system",
+            ])
+            .args(["--lease-seconds", "6", "--identity", identity])
+            .env("KUBECONFIG", kubeconfig)
+            .env("BALLAST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let metrics = line
+            .trim()
+            .strip_prefix("ballast operator metrics listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}; see {}", log.display()))
+            .to_string();
+        Operator { child, metrics }
+    }
+
+    fn get(&self, path: &str) -> String {
+        curl(&format!("{}{path}", self.metrics)).unwrap_or_default()
+    }
+
+    /// Writes this operator made to the API server for `service` so far.
+    fn writes(&self, service: &str) -> f64 {
+        self.get("/metrics")
+            .lines()
+            .filter(|l| {
+                l.starts_with("ballast_operator_api_writes_total{")
+                    && l.contains(&format!("name=\"{service}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+fn curl(url: &str) -> Option<String> {
+    let out = Command::new("curl")
+        .args(["-s", "-m", "5", url])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Polls `f` until it returns `Some`, or panics with `what` and the operator's log.
+fn wait_for<T>(what: &str, timeout: Duration, log: &Path, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "timed out waiting for {what}; operator log (newest first):\n{}",
+                tail.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn json(cp: &ControlPlane, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["-o", "json"]);
+    cp.kubectl(&a)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn status(cp: &ControlPlane, ns: &str, name: &str) -> Value {
+    json(cp, &["get", "inferenceservice", name, "-n", ns])["status"].clone()
+}
+
+/// The pid of the engine process serving on `ip` (the pod's loopback address).
+fn engine_pid(ip: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        (cmd.contains(" engine ") && cmd.contains(&format!("--host {ip} "))).then_some(pid)
+    })
+}
+
+fn isvc(ns: &str, name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n"
+    )
+}
+
+const FLEET: &str = "{model: {source: 'synthetic:tiny'}, engine: {maxNumSeqs: 2}, autoscaling: {minReplicas: 1, maxReplicas: 3, behavior: {scaleDown: {stabilizationWindowSeconds: 6}}}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}";
+
+#[test]
+fn the_operator_on_a_real_control_plane() {
+    let bin = match binaries() {
+        Ok(b) => b,
+        Err(why) => {
+            assert!(
+                std::env::var_os("BALLAST_REQUIRE_E2E").is_none(),
+                "BALLAST_REQUIRE_E2E is set but the cluster e2e cannot run: {why}"
+            );
+            eprintln!("skipping the cluster e2e: {why}");
+            return;
+        }
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = std::env::temp_dir().join(format!("ballast-cluster-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("pods")).unwrap();
+    let cp = ControlPlane::start(&bin, &dir).unwrap_or_else(|e| panic!("control plane: {e}"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime.block_on(cp.client()).unwrap();
+    let _kubelet = runtime
+        .block_on(kubelet::start(
+            client.clone(),
+            KubeletConfig {
+                node: "e2e-node".into(),
+                commands: [("ballast".to_string(), ballast())].into(),
+                log_dir: dir.join("pods"),
+            },
+        ))
+        .unwrap();
+
+    // The CRD, and the operator's ServiceAccount bound to exactly the chart's rules.
+    let crd = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crds/inferenceservices.ballast.dev.yaml"
+    );
+    cp.apply(&std::fs::read_to_string(crd).unwrap()).unwrap();
+    let rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/ballast/files/operator-rbac-rules.yaml"
+    ))
+    .unwrap();
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: ballast-system}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: ballast-operator, namespace: ballast-system}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: ballast-operator}}\nrules:\n{rules}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: ballast-operator}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ballast-operator}}\nsubjects: [{{kind: ServiceAccount, name: ballast-operator, namespace: ballast-system}}]\n"
+    ))
+    .unwrap();
+    // The CRD serves a moment after it is created.
+    wait_for(
+        "the CRD to serve",
+        Duration::from_secs(30),
+        &dir.join("none"),
+        || cp.kubectl(&["get", "inferenceservices", "-A"]).ok(),
+    );
+    let sa = cp
+        .service_account_kubeconfig("ballast-system", "ballast-operator")
+        .unwrap();
+    let log1 = dir.join("operator-1.log");
+    let op1 = Operator::start(&sa, "op-1", &log1);
+    wait_for("op-1 to lead", Duration::from_secs(30), &log1, || {
+        (op1.get("/readyz") == "leader").then_some(())
+    });
+    let log2 = dir.join("operator-2.log");
+    let op2 = Operator::start(&sa, "op-2", &log2);
+    wait_for("op-2 to stand by", Duration::from_secs(30), &log2, || {
+        (op2.get("/readyz") == "standby").then_some(())
+    });
+
+    // 1. apply → Deployment, Service, PDB with owner references; the pod runs; Ready.
+    cp.kubectl(&["create", "namespace", "e2e"]).unwrap();
+    cp.apply(&isvc("e2e", "chat", FLEET)).unwrap();
+    let s = wait_for("chat ready", Duration::from_secs(60), &log1, || {
+        let s = status(&cp, "e2e", "chat");
+        (s["readyReplicas"] == 1 && s["acceptingReplicas"] == 1).then_some(s)
+    });
+    assert_eq!(
+        s["selector"],
+        "app.kubernetes.io/instance=chat,app.kubernetes.io/name=ballast-engine"
+    );
+    let uid =
+        json(&cp, &["get", "inferenceservice", "chat", "-n", "e2e"])["metadata"]["uid"].clone();
+    for kind in ["deployment", "service", "poddisruptionbudget"] {
+        let o = json(&cp, &["get", kind, "chat", "-n", "e2e"]);
+        assert_eq!(
+            o["metadata"]["ownerReferences"][0]["uid"], uid,
+            "{kind} owned"
+        );
+        assert_eq!(o["metadata"]["ownerReferences"][0]["controller"], true);
+    }
+    let table = cp
+        .kubectl(&["get", "inferenceservices", "-n", "e2e"])
+        .unwrap();
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(&row[..4], ["chat", "synthetic:tiny", "1", "1"], "{table}");
+    assert!(
+        ["Hold", "ScaleUp", "ScaleDown", "Rebalance"].contains(&row[4]),
+        "{table}"
+    );
+    assert_eq!(op2.writes("chat"), 0.0, "the standby never writes");
+
+    // 2. Load through the Service's ready pods → scale up within two periods of the
+    // deployment seeing it; load gone → back to one after the 6 s window; no request
+    // failed.
+    let selector = "app.kubernetes.io/instance=chat,app.kubernetes.io/name=ballast-engine";
+    let px = runtime
+        .block_on(proxy::start(client.clone(), "e2e", selector, 8000))
+        .unwrap();
+    let report = dir.join("bench.json");
+    let mut bench = Command::new(ballast())
+        .args([
+            "bench",
+            "--url",
+            &px.url,
+            "--concurrency",
+            "16",
+            "--duration",
+            "14",
+        ])
+        .args([
+            "--input-len",
+            "32",
+            "--output-len",
+            "300",
+            "--ignore-eos",
+            "--no-progress",
+            "--json",
+        ])
+        .arg(&report)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let load_start = Instant::now();
+    wait_for("a scale-up", Duration::from_secs(30), &log1, || {
+        let d = json(&cp, &["get", "deployment", "chat", "-n", "e2e"]);
+        (d["spec"]["replicas"].as_i64() > Some(1)).then_some(())
+    });
+    let to_scale = load_start.elapsed();
+    eprintln!("load step to Deployment replicas changed: {to_scale:?} (periods of 2 s)");
+    assert!(
+        to_scale <= Duration::from_secs(7),
+        "scale-up took {to_scale:?}"
+    );
+    wait_for("the new pods ready", Duration::from_secs(60), &log1, || {
+        (status(&cp, "e2e", "chat")["readyReplicas"].as_i64() > Some(1)).then_some(())
+    });
+    assert!(bench.wait().unwrap().success());
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["requests"]["failed"], 0, "{r:#}");
+    assert!(r["requests"]["ok"].as_u64().unwrap() > 16, "{r:#}");
+    wait_for("the scale-down", Duration::from_secs(60), &log1, || {
+        let s = status(&cp, "e2e", "chat");
+        (s["desiredReplicas"] == 1 && s["replicas"] == 1).then_some(())
+    });
+    drop(px);
+
+    // 3. A replica's process killed: the kubelet restarts it and the fleet recovers.
+    let pods = json(&cp, &["get", "pods", "-n", "e2e", "-l", selector]);
+    let ip = pods["items"][0]["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pid = engine_pid(&ip).expect("the engine process of the pod");
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    wait_for(
+        "the engine restarted and ready",
+        Duration::from_secs(60),
+        &log1,
+        || {
+            let pods = json(&cp, &["get", "pods", "-n", "e2e", "-l", selector]);
+            let p = &pods["items"][0];
+            let restarted = p["status"]["containerStatuses"][0]["restartCount"].as_i64() >= Some(1);
+            (restarted && status(&cp, "e2e", "chat")["readyReplicas"] == 1).then_some(())
+        },
+    );
+
+    // 4. Autoscaling off: `kubectl scale` drives the replicas through the scale subresource.
+    cp.apply(&isvc(
+        "e2e",
+        "fixed",
+        "{model: {source: 'synthetic:tiny'}, replicas: 1, autoscaling: {enabled: false}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
+    ))
+    .unwrap();
+    wait_for("fixed ready", Duration::from_secs(60), &log1, || {
+        (status(&cp, "e2e", "fixed")["readyReplicas"] == 1).then_some(())
+    });
+    cp.kubectl(&[
+        "scale",
+        "inferenceservice",
+        "fixed",
+        "-n",
+        "e2e",
+        "--replicas",
+        "2",
+    ])
+    .unwrap();
+    wait_for("fixed at two", Duration::from_secs(60), &log1, || {
+        let s = status(&cp, "e2e", "fixed");
+        (s["readyReplicas"] == 2 && s["desiredReplicas"] == 2).then_some(())
+    });
+    let fixed = json(&cp, &["get", "inferenceservice", "fixed", "-n", "e2e"]);
+    assert_eq!(fixed["spec"]["replicas"], 2, "the spec is the user's");
+
+    // 5. Invalid specs: CEL refuses at apply; one the CRD cannot judge gets a condition.
+    let refused = cp
+        .apply(&isvc(
+            "e2e",
+            "bad",
+            "{model: {source: x}, autoscaling: {minReplicas: 5, maxReplicas: 2}}",
+        ))
+        .unwrap_err();
+    assert!(
+        refused.contains("minReplicas must not exceed maxReplicas"),
+        "{refused}"
+    );
+    cp.apply(&isvc(
+        "e2e",
+        "noimage",
+        "{model: {source: m}, engine: {kind: vllm}}",
+    ))
+    .unwrap();
+    let s = wait_for(
+        "the InvalidSpec condition",
+        Duration::from_secs(30),
+        &log1,
+        || {
+            let s = status(&cp, "e2e", "noimage");
+            s["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Degraded" && c["reason"] == "InvalidSpec")
+                .then_some(s)
+        },
+    );
+    assert!(s.to_string().contains("spec.engine.image"), "{s}");
+    assert!(
+        json(&cp, &["get", "deployment", "noimage", "-n", "e2e"]).is_null(),
+        "nothing built from an invalid spec"
+    );
+
+    // 6. The leader killed: the standby takes over within the lease, and does not write
+    // what is already right.
+    drop(op1);
+    wait_for("op-2 to lead", Duration::from_secs(30), &log2, || {
+        (op2.get("/readyz") == "leader").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(6)); // three periods
+    assert_eq!(
+        op2.writes("fixed"),
+        0.0,
+        "a new leader makes no write to an unchanged, settled service: {}\n{:#}",
+        op2.get("/metrics")
+            .lines()
+            .filter(|l| l.contains("api_writes") || l.contains("decisions_total"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        status(&cp, "e2e", "fixed")
+    );
+    cp.kubectl(&[
+        "scale",
+        "inferenceservice",
+        "fixed",
+        "-n",
+        "e2e",
+        "--replicas",
+        "1",
+    ])
+    .unwrap();
+    wait_for(
+        "the new leader acting",
+        Duration::from_secs(60),
+        &log2,
+        || (status(&cp, "e2e", "fixed")["replicas"] == 1).then_some(()),
+    );
+
+    // 7. Deleting the InferenceService garbage-collects what it owned.
+    cp.kubectl(&["delete", "inferenceservice", "fixed", "-n", "e2e"])
+        .unwrap();
+    wait_for(
+        "fixed's objects collected",
+        Duration::from_secs(60),
+        &log2,
+        || {
+            let gone = ["deployment", "service", "poddisruptionbudget"]
+                .iter()
+                .all(|k| json(&cp, &["get", k, "fixed", "-n", "e2e"]).is_null());
+            gone.then_some(())
+        },
+    );
+    let events = cp.kubectl(&["get", "events", "-n", "e2e"]).unwrap();
+    assert!(events.contains("FollowingSpecReplicas"), "{events}");
+    assert!(events.contains("InvalidSpec"), "{events}");
+    drop(op2);
+    drop(_kubelet);
+    drop(runtime);
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
