@@ -305,6 +305,94 @@ fn the_operator_on_a_real_control_plane() {
     });
     drop(px);
 
+    // 2b. Rebalancing: long-context load sent straight to one pod heats its KV cache; the
+    // operator sets its `ballast.dev/accepting` gate False, so the pod leaves the
+    // Service's ready set (never below minAccepting), and sets it True once it cools.
+    cp.apply(&isvc(
+        "e2e",
+        "hot",
+        "{model: {source: 'synthetic:tiny'}, engine: {maxNumSeqs: 8, kvCache: {numBlocks: 64}}, autoscaling: {minReplicas: 2, maxReplicas: 2, targets: {capacityWaitingPerReplica: 8, kvCacheUsage: 0.99}}, rebalancing: {hotKvCacheUsage: 0.5, minAccepting: 1}, metrics: {scrapeIntervalSeconds: 1, scrapeTimeoutSeconds: 1}}",
+    ))
+    .unwrap();
+    let hot_selector = "app.kubernetes.io/instance=hot,app.kubernetes.io/name=ballast-engine";
+    wait_for("hot ready", Duration::from_secs(60), &log1, || {
+        let s = status(&cp, "e2e", "hot");
+        (s["readyReplicas"] == 2 && s["acceptingReplicas"] == 2).then_some(())
+    });
+    let pods = json(&cp, &["get", "pods", "-n", "e2e", "-l", hot_selector]);
+    let target = pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ip = pods["items"][0]["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut pinned = Command::new(ballast())
+        .args([
+            "bench",
+            "--url",
+            &format!("http://{ip}:8000"),
+            "--concurrency",
+            "2",
+        ])
+        .args([
+            "--duration",
+            "20",
+            "--input-len",
+            "380",
+            "--output-len",
+            "100",
+        ])
+        .args(["--ignore-eos", "--no-progress"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let gate = |cp: &ControlPlane, pod: &str| {
+        json(cp, &["get", "pod", pod, "-n", "e2e"])["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["type"] == "ballast.dev/accepting")
+                    .map(|c| (c["status"].as_str() == Some("True"), c.clone()))
+            })
+    };
+    wait_for(
+        "the hot pod out of rotation",
+        Duration::from_secs(30),
+        &log1,
+        || {
+            let s = status(&cp, "e2e", "hot");
+            let out = gate(&cp, &target).is_some_and(|(accepting, _)| !accepting);
+            (out && s["acceptingReplicas"] == 1).then_some(())
+        },
+    );
+    let ready = json(&cp, &["get", "pod", &target, "-n", "e2e"])["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        ready["status"], "False",
+        "the gate makes the pod unready: {ready}"
+    );
+    let _ = pinned.kill();
+    let _ = pinned.wait();
+    wait_for(
+        "the cooled pod back",
+        Duration::from_secs(30),
+        &log1,
+        || {
+            let back = gate(&cp, &target).is_some_and(|(accepting, _)| accepting);
+            (back && status(&cp, "e2e", "hot")["acceptingReplicas"] == 2).then_some(())
+        },
+    );
+    cp.kubectl(&["delete", "inferenceservice", "hot", "-n", "e2e"])
+        .unwrap();
+
     // 3. A replica's process killed: the kubelet restarts it and the fleet recovers.
     let pods = json(&cp, &["get", "pods", "-n", "e2e", "-l", selector]);
     let ip = pods["items"][0]["status"]["podIP"]
