@@ -56,6 +56,16 @@ fn every_local_flag_is_documented() {
 }
 
 #[test]
+fn every_operator_flag_is_documented() {
+    let docs = doc("operator.md");
+    let missing: Vec<_> = flags("operator")
+        .into_iter()
+        .filter(|f| !docs.contains(f.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "docs/operator.md lacks {missing:?}");
+}
+
+#[test]
 fn ballast_crd_prints_the_committed_crd() {
     let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
         .arg("crd")
