@@ -238,14 +238,26 @@ fn the_operator_on_a_real_control_plane() {
         );
         assert_eq!(o["metadata"]["ownerReferences"][0]["controller"], true);
     }
-    let table = cp
-        .kubectl(&["get", "inferenceservices", "-n", "e2e"])
-        .unwrap();
-    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
-    assert_eq!(&row[..4], ["chat", "synthetic:tiny", "1", "1"], "{table}");
-    assert!(
-        ["Hold", "ScaleUp", "ScaleDown", "Rebalance"].contains(&row[4]),
-        "{table}"
+    // Every printer column filled (ACTION once the first decision is made).
+    wait_for(
+        "the printer columns",
+        Duration::from_secs(30),
+        &log1,
+        || {
+            let table = cp
+                .kubectl(&["get", "inferenceservices", "-n", "e2e"])
+                .ok()?;
+            let row: Vec<String> = table
+                .lines()
+                .nth(1)?
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            (row.len() == 6
+                && row[..4] == ["chat", "synthetic:tiny", "1", "1"]
+                && ["Hold", "ScaleUp", "ScaleDown", "Rebalance"].contains(&row[4].as_str()))
+            .then_some(())
+        },
     );
     assert_eq!(op2.writes("chat"), 0.0, "the standby never writes");
 
