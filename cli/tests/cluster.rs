@@ -144,6 +144,24 @@ fn isvc(ns: &str, name: &str, spec: &str) -> String {
     )
 }
 
+/// The part of the Prometheus Operator's ServiceMonitor CRD the operator needs: the
+/// resource served (the real schema is long and checks nothing the test relies on).
+const SERVICE_MONITOR_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: servicemonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+
 const FLEET: &str = "{model: {source: 'synthetic:tiny'}, engine: {maxNumSeqs: 2}, autoscaling: {minReplicas: 1, maxReplicas: 3, behavior: {scaleDown: {stabilizationWindowSeconds: 6}}}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}";
 
 #[test]
@@ -260,6 +278,26 @@ fn the_operator_on_a_real_control_plane() {
         },
     );
     assert_eq!(op2.writes("chat"), 0.0, "the standby never writes");
+
+    // 1b. Once the Prometheus Operator's ServiceMonitor CRD exists, each service gets a
+    // ServiceMonitor it owns.
+    cp.apply(SERVICE_MONITOR_CRD).unwrap();
+    let sm = wait_for("a ServiceMonitor", Duration::from_secs(30), &log1, || {
+        let sm = json(
+            &cp,
+            &[
+                "get",
+                "servicemonitors.monitoring.coreos.com",
+                "chat",
+                "-n",
+                "e2e",
+            ],
+        );
+        (!sm.is_null()).then_some(sm)
+    });
+    assert_eq!(sm["metadata"]["ownerReferences"][0]["uid"], uid);
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "http");
+    assert_eq!(sm["spec"]["endpoints"][0]["interval"], "2s");
 
     // 2. Load through the Service's ready pods → scale up within two periods of the
     // deployment seeing it; load gone → back to one after the 6 s window; no request
@@ -493,7 +531,13 @@ fn the_operator_on_a_real_control_plane() {
     );
 
     // 6. The leader killed: the standby takes over within the lease, and does not write
-    // what is already right.
+    // what is already right. "Settled" means the old leader stopped writing too: no write
+    // to the service for three periods.
+    wait_for("fixed settled", Duration::from_secs(60), &log1, || {
+        let before = op1.writes("fixed");
+        std::thread::sleep(Duration::from_secs(6));
+        (op1.writes("fixed") == before).then_some(())
+    });
     drop(op1);
     wait_for("op-2 to lead", Duration::from_secs(30), &log2, || {
         (op2.get("/readyz") == "leader").then_some(())
