@@ -673,6 +673,19 @@ default_from_serde!(
 );
 
 impl InferenceServiceSpec {
+    /// The replica count a new service starts with: `replicas` within
+    /// `[minReplicas, maxReplicas]`, or `minReplicas`; with autoscaling off, `replicas` or 1.
+    pub fn initial_replicas(&self) -> i32 {
+        let n = if self.autoscaling.enabled {
+            self.replicas
+                .unwrap_or(self.autoscaling.min_replicas)
+                .clamp(self.autoscaling.min_replicas, self.autoscaling.max_replicas)
+        } else {
+            self.replicas.unwrap_or(1)
+        };
+        n.max(0)
+    }
+
     /// Checks every rule the CRD's CEL validations state, for runtimes without an API server
     /// (`ballast local`) and as the reconciler's second line. Returns every violation, each
     /// as the same message the CRD uses.

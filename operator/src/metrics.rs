@@ -130,6 +130,29 @@ impl OperatorMetrics {
         }
     }
 
+    /// Counts one decision of `service` and sets the signal gauges it was made on (NaN
+    /// for a signal without a value).
+    pub fn record_decision(&self, service: &str, outcome: &crate::decide::Outcome) {
+        self.decisions
+            .with_label_values(&[service, outcome.action.as_str(), outcome.reason.as_str()])
+            .inc();
+        let s = &outcome.signals;
+        for (signal, v) in [
+            ("capacityWaiting", s.capacity_waiting),
+            ("deferredWaiting", s.deferred_waiting),
+            ("kvCacheUsage", s.kv_cache_usage),
+            (
+                "admissionRejectionsPerSecond",
+                s.admission_rejections_per_second,
+            ),
+            ("ttftP99Seconds", s.ttft_p99_seconds),
+        ] {
+            self.signal
+                .with_label_values(&[service, signal])
+                .set(v.unwrap_or(f64::NAN));
+        }
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

@@ -80,19 +80,6 @@ fn now_rfc3339() -> String {
     Timestamp::now().to_string()
 }
 
-/// The replica count a service starts with.
-fn initial_replicas(isvc: &InferenceService) -> i32 {
-    let spec = &isvc.spec;
-    let n = if spec.autoscaling.enabled {
-        spec.replicas
-            .unwrap_or(spec.autoscaling.min_replicas)
-            .clamp(spec.autoscaling.min_replicas, spec.autoscaling.max_replicas)
-    } else {
-        spec.replicas.unwrap_or(1)
-    };
-    n.max(0)
-}
-
 impl Service {
     /// A service with no replicas yet (`run` starts them). It is published at once: the
     /// router knows it (requests wait for its first replica) and `/status` lists it.
@@ -107,7 +94,7 @@ impl Service {
         );
         let mut svc = Self {
             dialect: isvc.spec.engine.kind.into(),
-            desired: initial_replicas(&isvc),
+            desired: isvc.spec.initial_replicas(),
             name,
             shared,
             fleet,
@@ -456,26 +443,8 @@ impl Service {
 
     /// Metrics, the structured log line and the view for one decision.
     fn record_decision(&self, outcome: &Outcome, decision: &ballast_crds::Decision) {
-        let m = &self.shared.metrics;
         let action = outcome.action.as_str();
-        m.decisions
-            .with_label_values(&[&self.name, action, outcome.reason.as_str()])
-            .inc();
-        let s = &outcome.signals;
-        for (signal, v) in [
-            ("capacityWaiting", s.capacity_waiting),
-            ("deferredWaiting", s.deferred_waiting),
-            ("kvCacheUsage", s.kv_cache_usage),
-            (
-                "admissionRejectionsPerSecond",
-                s.admission_rejections_per_second,
-            ),
-            ("ttftP99Seconds", s.ttft_p99_seconds),
-        ] {
-            m.signal
-                .with_label_values(&[&self.name, signal])
-                .set(v.unwrap_or(f64::NAN));
-        }
+        self.shared.metrics.record_decision(&self.name, outcome);
         let recs: Vec<String> = decision
             .recommendations
             .iter()

@@ -98,20 +98,13 @@ pub async fn service_monitor(
         Api::namespaced_with(client.clone(), namespace, &service_monitor_resource());
     let live = api.get_opt(name).await?;
     match (desired, live) {
-        (Some(want), Some(live)) => {
-            let live = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
-            if contains(&live, want) {
-                return Ok(false);
+        (Some(want), live) => {
+            if let Some(live) = live {
+                let live = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
+                if contains(&live, want) {
+                    return Ok(false);
+                }
             }
-            api.patch(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(want),
-            )
-            .await?;
-            Ok(true)
-        }
-        (Some(want), None) => {
             api.patch(
                 name,
                 &PatchParams::apply(FIELD_MANAGER).force(),

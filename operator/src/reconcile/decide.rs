@@ -11,20 +11,6 @@ use crate::decide::{DecideInput, RebalancePlan};
 use crate::scrape::Target;
 use crate::signals::FleetSignals;
 
-/// The replica count a service starts with (no Deployment yet): `spec.replicas` within
-/// `[minReplicas, maxReplicas]`, or `minReplicas`; with autoscaling off, `spec.replicas` or 1.
-pub fn initial_replicas(isvc: &InferenceService) -> i32 {
-    let spec = &isvc.spec;
-    let n = if spec.autoscaling.enabled {
-        spec.replicas
-            .unwrap_or(spec.autoscaling.min_replicas)
-            .clamp(spec.autoscaling.min_replicas, spec.autoscaling.max_replicas)
-    } else {
-        spec.replicas.unwrap_or(1)
-    };
-    n.max(0)
-}
-
 /// Every ready pod's metrics endpoint, on its pod IP (never the Service's cluster IP).
 pub fn targets(isvc: &InferenceService, observed: &Observed) -> Vec<Target> {
     let port = isvc.spec.engine.port;
@@ -53,7 +39,7 @@ pub fn input(
 ) -> DecideInput {
     let current = observed
         .deployment_replicas()
-        .unwrap_or_else(|| initial_replicas(isvc));
+        .unwrap_or_else(|| isvc.spec.initial_replicas());
     let mut input = DecideInput::new(&isvc.spec, current, fleet);
     input.out_of_rotation = observed.out_of_rotation();
     let ready = observed.ready_pods();
@@ -139,7 +125,7 @@ mod tests {
 
     #[test]
     fn initial_size_follows_the_spec() {
-        let i = |s: &str| initial_replicas(&isvc(s));
+        let i = |s: &str| isvc(s).spec.initial_replicas();
         let m = "model: {source: x}";
         assert_eq!(i(&format!("{{{m}}}")), 1);
         assert_eq!(

@@ -264,7 +264,7 @@ async fn reconcile_inner(
     let counts = observed.counts();
     let current = observed
         .deployment_replicas()
-        .unwrap_or_else(|| decide::initial_replicas(isvc));
+        .unwrap_or_else(|| isvc.spec.initial_replicas());
 
     // scrape and decide, once per period
     let due = state
@@ -422,25 +422,7 @@ async fn reconcile_inner(
 /// Metrics, a structured log line, and an Event when the decision changed something.
 async fn record(ctx: &Context, isvc: &InferenceService, o: &Outcome) {
     let name = isvc.name_any();
-    let m = &ctx.metrics;
-    m.decisions
-        .with_label_values(&[&name, o.action.as_str(), o.reason.as_str()])
-        .inc();
-    let s = &o.signals;
-    for (signal, v) in [
-        ("capacityWaiting", s.capacity_waiting),
-        ("deferredWaiting", s.deferred_waiting),
-        ("kvCacheUsage", s.kv_cache_usage),
-        (
-            "admissionRejectionsPerSecond",
-            s.admission_rejections_per_second,
-        ),
-        ("ttftP99Seconds", s.ttft_p99_seconds),
-    ] {
-        m.signal
-            .with_label_values(&[&name, signal])
-            .set(v.unwrap_or(f64::NAN));
-    }
+    ctx.metrics.record_decision(&name, o);
     tracing::info!(
         target: "ballast::decision",
         namespace = %isvc.namespace().unwrap_or_default(),
