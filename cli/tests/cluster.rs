@@ -7,6 +7,8 @@
 //! Skips (saying why) when the control-plane binaries are not installed; set
 //! `BALLAST_REQUIRE_E2E=1` to make that a failure. docs/e2e.md says how to build them.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use ballast_e2e::cluster::{ControlPlane, binaries};
 use ballast_e2e::kubelet::{self, KubeletConfig};
 use ballast_e2e::proxy;
+use common::get;
 use serde_json::Value;
 
 fn ballast() -> PathBuf {
@@ -70,7 +73,7 @@ impl Operator {
     }
 
     fn get(&self, path: &str) -> String {
-        curl(&format!("{}{path}", self.metrics)).unwrap_or_default()
+        get(&format!("{}{path}", self.metrics)).unwrap_or_default()
     }
 
     /// Writes this operator made to the API server for `service` so far.
@@ -84,16 +87,6 @@ impl Operator {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
-}
-
-fn curl(url: &str) -> Option<String> {
-    let out = Command::new("curl")
-        .args(["-s", "-m", "5", url])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` and the operator's log.

@@ -1,11 +1,14 @@
 //! `ballast local` end to end: real engine processes on loopback, the real router, load
 //! from `ballast bench`, decisions read back from `/status`.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::get;
 use serde_json::Value;
 
 /// These tests measure the control loop's timing; running them one at a time keeps a
@@ -92,16 +95,6 @@ fn rand_suffix() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos()
-}
-
-fn get(url: &str) -> Option<String> {
-    let out = Command::new("curl")
-        .args(["-s", "-m", "5", url])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 impl Local {

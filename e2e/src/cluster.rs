@@ -112,58 +112,31 @@ fn certificates(pki: &Path) -> Result<(), String> {
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
     )
     .map_err(|e| e.to_string())?;
-    o(&[
-        "req",
-        "-new",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.csr",
-        "-subj",
-        "/CN=ballast-e2e-ca",
-    ])?;
-    o(&[
-        "x509", "-req", "-in", "ca.csr", "-signkey", "ca.key", "-days", "7", "-extfile", "ca.ext",
-        "-out", "ca.crt",
-    ])?;
-    for (name, subject, ext) in [
-        ("apiserver", "/CN=kube-apiserver", "server.ext"),
-        ("admin", "/O=system:masters/CN=admin", "client.ext"),
-    ] {
+    // A key and a signing request for `name`, then its certificate: self-signed for the
+    // CA, signed by the CA for the others, each with its v3 extensions.
+    let issue = |name: &str, subject: &str, ext: &str| -> Result<(), String> {
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
         o(&[
-            "req",
-            "-new",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
+            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
             subject,
         ])?;
-        o(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "7",
-            "-extfile",
-            ext,
-            "-out",
-            &format!("{name}.crt"),
-        ])?;
-    }
+        let signer: &[&str] = if name == "ca" {
+            &["-signkey", "ca.key"]
+        } else {
+            &["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial"]
+        };
+        let mut args = vec!["x509", "-req", "-in", csr.as_str()];
+        args.extend_from_slice(signer);
+        args.extend(["-days", "7", "-extfile", ext, "-out", crt.as_str()]);
+        o(&args)
+    };
+    issue("ca", "/CN=ballast-e2e-ca", "ca.ext")?;
+    issue("apiserver", "/CN=kube-apiserver", "server.ext")?;
+    issue("admin", "/O=system:masters/CN=admin", "client.ext")?;
     o(&["genrsa", "-out", "sa.key", "2048"])?;
     o(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
     Ok(())
@@ -314,37 +287,38 @@ impl ControlPlane {
 
     /// `kubectl` with `kubeconfig`.
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        self.kubectl_with(kubeconfig, args, None)
     }
 
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> Result<String, String> {
+        self.kubectl_with(&self.admin_kubeconfig, &["apply", "-f", "-"], Some(yaml))
+    }
+
+    /// `kubectl ARGS` with `input` on its stdin: its stdout, or its stderr as the error.
+    fn kubectl_with(
+        &self,
+        kubeconfig: &Path,
+        args: &[&str],
+        input: Option<&str>,
+    ) -> Result<String, String> {
         use std::io::Write;
         let mut child = Command::new(self.bin.join("kubectl"))
             .arg("--kubeconfig")
-            .arg(&self.admin_kubeconfig)
-            .args(["apply", "-f", "-"])
+            .arg(kubeconfig)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| e.to_string())?;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(yaml.as_bytes())
-            .map_err(|e| e.to_string())?;
+        let mut stdin = child.stdin.take().expect("piped");
+        if let Some(text) = input {
+            stdin
+                .write_all(text.as_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        drop(stdin);
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())

@@ -153,6 +153,19 @@ impl OperatorMetrics {
         }
     }
 
+    /// `GET /metrics`: the exposition with the Prometheus text content type.
+    pub fn http_response(&self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            self.render(),
+        )
+            .into_response()
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

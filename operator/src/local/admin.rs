@@ -7,7 +7,6 @@ use std::sync::{Arc, RwLock};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ballast_crds::InferenceServiceStatus;
@@ -51,15 +50,7 @@ pub fn router(metrics: Arc<OperatorMetrics>, status: StatusMap, replicas: Replic
     Router::new()
         .route(
             "/metrics",
-            get(|State(s): State<AdminState>| async move {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    s.metrics.render(),
-                )
-            }),
+            get(|State(s): State<AdminState>| async move { s.metrics.http_response() }),
         )
         .route(
             "/status",

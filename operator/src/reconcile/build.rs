@@ -92,11 +92,7 @@ pub fn owner_reference(isvc: &InferenceService) -> Result<OwnerReference, BuildE
     Ok(OwnerReference {
         api_version: "ballast.dev/v1alpha1".into(),
         kind: "InferenceService".into(),
-        name: isvc
-            .metadata
-            .name
-            .clone()
-            .ok_or(BuildError::Incomplete("name"))?,
+        name: name(isvc)?,
         uid: isvc
             .metadata
             .uid
@@ -107,12 +103,16 @@ pub fn owner_reference(isvc: &InferenceService) -> Result<OwnerReference, BuildE
     })
 }
 
-fn meta(isvc: &InferenceService) -> Result<ObjectMeta, BuildError> {
-    let name = isvc
-        .metadata
+/// The resource's name.
+fn name(isvc: &InferenceService) -> Result<String, BuildError> {
+    isvc.metadata
         .name
         .clone()
-        .ok_or(BuildError::Incomplete("name"))?;
+        .ok_or(BuildError::Incomplete("name"))
+}
+
+fn meta(isvc: &InferenceService) -> Result<ObjectMeta, BuildError> {
+    let name = name(isvc)?;
     Ok(ObjectMeta {
         labels: Some(labels::labels(&name)),
         namespace: Some(
@@ -153,11 +153,7 @@ fn http_get(port: &str) -> Option<HTTPGetAction> {
 pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
     let isvc = input.isvc;
     let e = &isvc.spec.engine;
-    let name = isvc
-        .metadata
-        .name
-        .clone()
-        .ok_or(BuildError::Incomplete("name"))?;
+    let name = name(isvc)?;
     let image = match (e.image.is_empty(), e.kind) {
         (false, _) => e.image.clone(),
         (true, EngineKind::Ballast) if !input.default_image.is_empty() => {
@@ -323,11 +319,7 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
 /// True).
 pub fn service(isvc: &InferenceService) -> Result<Service, BuildError> {
     let e = &isvc.spec.engine;
-    let name = isvc
-        .metadata
-        .name
-        .clone()
-        .ok_or(BuildError::Incomplete("name"))?;
+    let name = name(isvc)?;
     let mut ports = vec![ServicePort {
         name: Some("http".into()),
         port: e.port,
@@ -357,11 +349,7 @@ pub fn service(isvc: &InferenceService) -> Result<Service, BuildError> {
 
 /// At most one pod unavailable through voluntary disruptions (drains, upgrades).
 pub fn pdb(isvc: &InferenceService) -> Result<PodDisruptionBudget, BuildError> {
-    let name = isvc
-        .metadata
-        .name
-        .clone()
-        .ok_or(BuildError::Incomplete("name"))?;
+    let name = name(isvc)?;
     Ok(PodDisruptionBudget {
         metadata: meta(isvc)?,
         spec: Some(PodDisruptionBudgetSpec {

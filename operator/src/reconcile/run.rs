@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ballast_crds::InferenceService;
@@ -135,15 +135,7 @@ fn admin_router(admin: Admin) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(a): State<Admin>| async move {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    a.metrics.render(),
-                )
-            }),
+            get(|State(a): State<Admin>| async move { a.metrics.http_response() }),
         )
         .route("/healthz", get(|| async { "ok" }))
         .route(
