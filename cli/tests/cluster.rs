@@ -271,6 +271,14 @@ fn the_operator_on_a_real_control_plane() {
         },
     );
     assert_eq!(op2.writes("chat"), 0.0, "the standby never writes");
+    assert!(
+        op1.get("/metrics")
+            .contains("\nballast_operator_leader 1\n")
+    );
+    assert!(
+        op2.get("/metrics")
+            .contains("\nballast_operator_leader 0\n")
+    );
 
     // 1b. Once the Prometheus Operator's ServiceMonitor CRD exists, each service gets a
     // ServiceMonitor it owns.

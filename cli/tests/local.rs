@@ -242,6 +242,20 @@ fn load_scales_up_within_two_periods_and_back_down_with_no_failed_request() {
         metrics.contains("ballast_operator_decisions_total{action=\"ScaleDown\",name=\"chat\""),
         "{metrics}"
     );
+    // What dashboards and alerts read: each signal against its target, the bounds, the
+    // conditions as 0/1 series, and leadership (one process always leads).
+    for line in [
+        "ballast_operator_signal_target{name=\"chat\",signal=\"capacityWaiting\"} ",
+        "ballast_operator_signal_observed{name=\"chat\",signal=\"capacityWaiting\"} 0",
+        "ballast_operator_min_replicas{name=\"chat\"} 1",
+        "ballast_operator_max_replicas{name=\"chat\"} 3",
+        "ballast_operator_condition{name=\"chat\",status=\"True\",type=\"Ready\"} 1",
+        "ballast_operator_condition{name=\"chat\",status=\"False\",type=\"Ready\"} 0",
+        "ballast_operator_condition{name=\"chat\",status=\"True\",type=\"MetricsAvailable\"} 1",
+        "ballast_operator_leader 1",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in\n{metrics}");
+    }
 }
 
 #[test]

@@ -26,6 +26,23 @@ pub struct OperatorMetrics {
     /// `ballast_operator_api_writes_total{name, object}`: writes to the API server, by the
     /// object written (Kubernetes runtime). An unchanged resource adds none.
     pub api_writes: IntCounterVec,
+    /// `ballast_operator_signal_observed{name, signal}`: the value each configured signal
+    /// was compared with its target on (per replica for capacity waiting, as the target
+    /// is); NaN when missing.
+    pub signal_observed: GaugeVec,
+    /// `ballast_operator_signal_target{name, signal}`: each configured signal's target.
+    pub signal_target: GaugeVec,
+    /// `ballast_operator_min_replicas{name}` and `ballast_operator_max_replicas{name}`: the
+    /// autoscaling bounds in force.
+    pub min_replicas: IntGaugeVec,
+    /// See [`min_replicas`](Self::min_replicas).
+    pub max_replicas: IntGaugeVec,
+    /// `ballast_operator_condition{name, type, status}`: 1 on the series of each
+    /// condition's current status (`True` or `False`), 0 on the other.
+    pub condition: IntGaugeVec,
+    /// `ballast_operator_leader`: 1 while this operator replica holds the leader lease (or
+    /// runs without election), 0 while it stands by.
+    pub leader: prometheus::IntGauge,
 }
 
 impl Default for OperatorMetrics {
@@ -105,6 +122,51 @@ impl OperatorMetrics {
             &["name", "object"],
         )
         .expect("valid");
+        let signal_observed = GaugeVec::new(
+            Opts::new(
+                "ballast_operator_signal_observed",
+                "The value each configured signal was compared with its target on (per replica for capacityWaiting); NaN when missing.",
+            ),
+            &["name", "signal"],
+        )
+        .expect("valid");
+        let signal_target = GaugeVec::new(
+            Opts::new(
+                "ballast_operator_signal_target",
+                "Each configured signal's target.",
+            ),
+            &["name", "signal"],
+        )
+        .expect("valid");
+        let min_replicas = IntGaugeVec::new(
+            Opts::new(
+                "ballast_operator_min_replicas",
+                "The lower autoscaling bound per service.",
+            ),
+            &["name"],
+        )
+        .expect("valid");
+        let max_replicas = IntGaugeVec::new(
+            Opts::new(
+                "ballast_operator_max_replicas",
+                "The upper autoscaling bound per service.",
+            ),
+            &["name"],
+        )
+        .expect("valid");
+        let condition = IntGaugeVec::new(
+            Opts::new(
+                "ballast_operator_condition",
+                "1 on the current status (True or False) of each status condition, 0 on the other.",
+            ),
+            &["name", "type", "status"],
+        )
+        .expect("valid");
+        let leader = prometheus::IntGauge::new(
+            "ballast_operator_leader",
+            "1 while this operator replica holds the leader lease (or runs without election), 0 while it stands by.",
+        )
+        .expect("valid");
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(desired_replicas.clone()),
@@ -114,6 +176,12 @@ impl OperatorMetrics {
             Box::new(scrape_duration.clone()),
             Box::new(reconcile_errors.clone()),
             Box::new(api_writes.clone()),
+            Box::new(signal_observed.clone()),
+            Box::new(signal_target.clone()),
+            Box::new(min_replicas.clone()),
+            Box::new(max_replicas.clone()),
+            Box::new(condition.clone()),
+            Box::new(leader.clone()),
         ] {
             registry.register(c).expect("unique");
         }
@@ -127,6 +195,12 @@ impl OperatorMetrics {
             scrape_duration,
             reconcile_errors,
             api_writes,
+            signal_observed,
+            signal_target,
+            min_replicas,
+            max_replicas,
+            condition,
+            leader,
         }
     }
 
@@ -150,6 +224,42 @@ impl OperatorMetrics {
             self.signal
                 .with_label_values(&[service, signal])
                 .set(v.unwrap_or(f64::NAN));
+        }
+        for r in &outcome.reports {
+            let signal = r.signal.as_str();
+            self.signal_target
+                .with_label_values(&[service, signal])
+                .set(r.target);
+            self.signal_observed
+                .with_label_values(&[service, signal])
+                .set(r.observed.unwrap_or(f64::NAN));
+        }
+    }
+
+    /// Sets the autoscaling bounds of `service`.
+    pub fn record_bounds(&self, service: &str, min: i32, max: i32) {
+        self.min_replicas
+            .with_label_values(&[service])
+            .set(i64::from(min));
+        self.max_replicas
+            .with_label_values(&[service])
+            .set(i64::from(max));
+    }
+
+    /// Sets the condition series of `service` from its status conditions.
+    pub fn record_conditions(
+        &self,
+        service: &str,
+        conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    ) {
+        for c in conditions {
+            let is_true = c.status == "True";
+            self.condition
+                .with_label_values(&[service, &c.type_, "True"])
+                .set(i64::from(is_true));
+            self.condition
+                .with_label_values(&[service, &c.type_, "False"])
+                .set(i64::from(!is_true));
         }
     }
 

@@ -251,6 +251,8 @@ pub async fn run(
 
     let routes = Arc::new(router::RouteTable::default());
     let metrics = Arc::new(admin::OperatorMetrics::new());
+    // One process, no election: it always leads.
+    metrics.leader.set(1);
     let status: admin::StatusMap = Arc::default();
     let replicas: admin::ReplicaMap = Arc::default();
     let header = format!(

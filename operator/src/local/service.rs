@@ -259,7 +259,12 @@ impl Service {
         m.desired_replicas
             .with_label_values(&[&self.name])
             .set(self.desired as i64);
+        let a = &self.isvc.spec.autoscaling;
+        m.record_bounds(&self.name, a.min_replicas, a.max_replicas);
         self.set_condition(status::ready_condition(counts, self.desired));
+        self.shared
+            .metrics
+            .record_conditions(&self.name, &self.conditions);
         let status = status::assemble(StatusParts {
             name: &self.name,
             generation: self.isvc.metadata.generation.or(Some(1)),

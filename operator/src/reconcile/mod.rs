@@ -412,6 +412,9 @@ async fn reconcile_inner(
     m.desired_replicas
         .with_label_values(&[&name])
         .set(desired as i64);
+    let a = &isvc.spec.autoscaling;
+    m.record_bounds(&name, a.min_replicas, a.max_replicas);
+    m.record_conditions(&name, &s.conditions);
     let next = state
         .last_period
         .as_ref()

@@ -205,6 +205,7 @@ pub async fn run(
 
     if let Some(e) = &elector {
         role.store(STANDBY, Ordering::SeqCst);
+        metrics.leader.set(0);
         tracing::info!(target: "ballast::operator", identity = %e.identity(), lease = %args.lease_name, "waiting for the leader lease");
         tokio::select! {
             _ = e.acquire(e.renew_every()) => {}
@@ -212,6 +213,7 @@ pub async fn run(
         }
     }
     role.store(LEADING, Ordering::SeqCst);
+    metrics.leader.set(1);
     tracing::info!(target: "ballast::operator", identity = %identity, "leading: reconciling InferenceServices");
 
     let (isvcs, deployments) = match &args.namespace {
