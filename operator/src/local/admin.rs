@@ -1,6 +1,6 @@
 //! The admin port of `ballast local`: the operator's metrics ([`OperatorMetrics`]),
 //! `GET /status` (each service's status exactly as the CRD's `status` would hold it) and
-//! `GET /replicas`.
+//! `GET /replicas`, and `GET /prometheus/targets` for Prometheus's HTTP service discovery.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -37,6 +37,41 @@ pub struct ReplicaInfo {
 /// Replicas per service name.
 pub type ReplicaMap = Arc<RwLock<BTreeMap<String, Vec<ReplicaInfo>>>>;
 
+/// One target group of Prometheus's HTTP service discovery (`http_sd_configs`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TargetGroup {
+    /// `host:port` of each target.
+    pub targets: Vec<String>,
+    /// Labels every series scraped from these targets gets.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `GET /prometheus/targets`: every replica that announced its HTTP address, one group
+/// each, labelled as a Kubernetes scrape would label an engine pod (`namespace` is
+/// `local`, `service` the InferenceService, `pod` the replica), so the chart's dashboards
+/// and alerts work unchanged against a local fleet.
+pub fn prometheus_targets(replicas: &BTreeMap<String, Vec<ReplicaInfo>>) -> Vec<TargetGroup> {
+    let mut groups = Vec::new();
+    for (service, list) in replicas {
+        for r in list {
+            let Some(url) = &r.url else { continue };
+            let host_port = url
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string();
+            groups.push(TargetGroup {
+                targets: vec![host_port],
+                labels: BTreeMap::from([
+                    ("namespace".to_string(), "local".to_string()),
+                    ("service".to_string(), service.clone()),
+                    ("pod".to_string(), r.name.clone()),
+                ]),
+            });
+        }
+    }
+    groups
+}
+
 #[derive(Clone)]
 struct AdminState {
     metrics: Arc<OperatorMetrics>,
@@ -66,10 +101,50 @@ pub fn router(metrics: Arc<OperatorMetrics>, status: StatusMap, replicas: Replic
                 axum::Json(map).into_response()
             }),
         )
+        .route(
+            "/prometheus/targets",
+            get(|State(s): State<AdminState>| async move {
+                let map = s.replicas.read().unwrap_or_else(|e| e.into_inner()).clone();
+                axum::Json(prometheus_targets(&map)).into_response()
+            }),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .with_state(AdminState {
             metrics,
             status,
             replicas,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(name: &str, url: Option<&str>) -> ReplicaInfo {
+        ReplicaInfo {
+            name: name.into(),
+            phase: "Ready",
+            accepting: true,
+            url: url.map(str::to_string),
+            grpc: None,
+            dp_weights: None,
+        }
+    }
+
+    #[test]
+    fn targets_are_the_replicas_with_an_address_labelled_like_pods() {
+        let map = BTreeMap::from([(
+            "chat".to_string(),
+            vec![
+                replica("chat-0", Some("http://127.0.0.1:4100")),
+                replica("chat-1", None),
+            ],
+        )]);
+        let groups = prometheus_targets(&map);
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].targets, ["127.0.0.1:4100"]);
+        assert_eq!(groups[0].labels["service"], "chat");
+        assert_eq!(groups[0].labels["pod"], "chat-0");
+        assert_eq!(groups[0].labels["namespace"], "local");
+    }
 }
