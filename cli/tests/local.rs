@@ -698,3 +698,176 @@ fn invalid_specs_exit_2_with_the_rule() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Debian's Chromium, if installed. With `BALLAST_REQUIRE_CHROMIUM` set (CI installs it),
+/// its absence fails the test instead of skipping the browser half.
+fn chromium() -> Option<std::path::PathBuf> {
+    let path = std::path::PathBuf::from("/usr/bin/chromium");
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("BALLAST_REQUIRE_CHROMIUM").is_none(),
+        "BALLAST_REQUIRE_CHROMIUM is set but /usr/bin/chromium is missing"
+    );
+    eprintln!("skipping the browser half: no /usr/bin/chromium (apt-get install chromium)");
+    None
+}
+
+/// Loads `url` in headless Chromium, lets its script run for a few seconds of virtual
+/// time, and returns what Chromium printed (`--dump-dom`) or wrote (`--screenshot`).
+fn headless(chrome: &std::path::Path, dir: &std::path::Path, mode: &str, url: &str) -> Vec<u8> {
+    let profile = dir.join(format!("chromium-{}", rand_suffix()));
+    let shot = dir.join("page.png");
+    let mut cmd = Command::new(chrome);
+    // No background networking: this machine's closed network refuses it.
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=4000",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    match mode {
+        "dom" => cmd.arg("--dump-dom"),
+        _ => cmd.arg(format!("--screenshot={}", shot.display())),
+    };
+    let out = cmd.arg(url).stderr(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "chromium failed: {:?}", out.status);
+    match mode {
+        "dom" => out.stdout,
+        _ => std::fs::read(&shot).unwrap(),
+    }
+}
+
+/// Pixels of a screenshot within a small distance of `rgb`.
+fn pixels_near(png_bytes: &[u8], rgb: (u8, u8, u8)) -> usize {
+    let decoder = png::Decoder::new(std::io::Cursor::new(png_bytes));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    assert!(
+        channels >= 3,
+        "unexpected PNG colour type {:?}",
+        info.color_type
+    );
+    buf[..info.buffer_size()]
+        .chunks(channels)
+        .filter(|p| {
+            let d = |a: u8, b: u8| (i32::from(a) - i32::from(b)).abs();
+            d(p[0], rgb.0) + d(p[1], rgb.1) + d(p[2], rgb.2) < 40
+        })
+        .count()
+}
+
+/// The number after `key="` in the first occurrence of `after` (a DOM attribute).
+fn attr_after(dom: &str, after: &str, key: &str) -> Option<u64> {
+    let rest = &dom[dom.find(after)? + after.len()..];
+    let rest = &rest[rest.find(&format!("{key}=\""))? + key.len() + 2..];
+    rest[..rest.find('"')?].parse().ok()
+}
+
+#[test]
+fn the_live_page_plots_replicas_signals_and_decisions() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let local = start(FLEET);
+    local.wait_status("chat", Duration::from_secs(30), "one ready replica", |s| {
+        s["readyReplicas"] == 1
+    });
+    let (bench, json) = local.bench(&[
+        "--concurrency",
+        "24",
+        "--duration",
+        "10",
+        "--input-len",
+        "32",
+        "--output-len",
+        "300",
+    ]);
+    local.wait_status("chat", Duration::from_secs(30), "a scale-up", |s| {
+        s["readyReplicas"].as_i64() > Some(1)
+    });
+    report(bench, &json);
+
+    // The data endpoint: one sample per control period, each configured signal against
+    // its target, and the scale-up on the decision timeline.
+    let timeline = |since: f64| -> Value {
+        let text = get(&format!("{}/api/timeline?since={since}", local.admin)).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let all = timeline(0.0);
+    let chat = &all["services"]["chat"];
+    let samples = chat["samples"].as_array().unwrap();
+    assert!(samples.len() >= 4, "{chat:#}");
+    let times: Vec<f64> = samples.iter().map(|s| s["t"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
+    for s in samples {
+        let cw = &s["signals"]["capacityWaiting"];
+        assert_eq!(cw["target"], 4.0, "{s:#}");
+        assert!(
+            ["above", "within", "below", "missing"].contains(&cw["state"].as_str().unwrap()),
+            "{s:#}"
+        );
+        assert!(s["signals"]["kvCacheUsage"]["target"].is_number(), "{s:#}");
+    }
+    assert!(
+        samples
+            .iter()
+            .any(|s| s["replicas"]["desired"].as_i64() > Some(1)),
+        "{chat:#}"
+    );
+    let decisions = chat["decisions"].as_array().unwrap();
+    let up = decisions
+        .iter()
+        .find(|d| d["action"] == "ScaleUp")
+        .unwrap_or_else(|| panic!("no ScaleUp in {decisions:#?}"));
+    assert_eq!(up["reason"], "CapacityWaiting");
+    assert!(up["to"].as_i64() > up["from"].as_i64(), "{up:#}");
+    assert!(!up["message"].as_str().unwrap().is_empty());
+    // `since` returns only what is newer.
+    let last = *times.last().unwrap();
+    let newer = timeline(last);
+    for s in newer["services"]["chat"]["samples"].as_array().unwrap() {
+        assert!(s["t"].as_f64().unwrap() > last);
+    }
+    assert!(newer["now"].as_f64().unwrap() >= last);
+
+    // The page: one self-contained document, nothing fetched from elsewhere.
+    let html = get(&format!("{}/", local.admin)).unwrap();
+    assert!(html.contains("<script>") && html.contains("api/timeline"));
+    for external in ["src=\"http", "href=\"http", "@import", "<link"] {
+        assert!(!html.contains(external), "the page loads {external}");
+    }
+
+    let Some(chrome) = chromium() else { return };
+    let url = format!("{}/", local.admin);
+    let dom = String::from_utf8(headless(&chrome, &local.dir, "dom", &url)).unwrap();
+    assert!(dom.contains("data-service=\"chat\""), "{dom}");
+    let points = attr_after(&dom, "data-series=\"accepting\"", "data-points");
+    assert!(
+        points >= Some(4),
+        "accepting plotted with {points:?} points"
+    );
+    let points = attr_after(&dom, "data-signal=\"capacityWaiting\"", "data-points");
+    assert!(
+        points >= Some(4),
+        "capacityWaiting plotted with {points:?} points"
+    );
+    assert!(dom.contains("data-action=\"ScaleUp\""), "{dom}");
+    assert!(dom.contains("CapacityWaiting"));
+
+    // The screenshot shows the lines: the accepting replicas' blue and the observed
+    // signals' violet, each over many pixels.
+    let shot = headless(&chrome, &local.dir, "png", &url);
+    let blue = pixels_near(&shot, (0x25, 0x63, 0xeb));
+    let violet = pixels_near(&shot, (0x7c, 0x3a, 0xed));
+    assert!(blue > 150, "{blue} accepting-blue pixels");
+    assert!(violet > 150, "{violet} observed-violet pixels");
+}

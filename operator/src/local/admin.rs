@@ -1,4 +1,5 @@
-//! The admin port of `ballast local`: the operator's metrics ([`OperatorMetrics`]),
+//! The admin port of `ballast local`: the live fleet page at `/` and the timeline it
+//! plots, the operator's metrics ([`OperatorMetrics`]),
 //! `GET /status` (each service's status exactly as the CRD's `status` would hold it) and
 //! `GET /replicas`, and `GET /prometheus/targets` for Prometheus's HTTP service discovery.
 
@@ -6,11 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ballast_crds::InferenceServiceStatus;
 
+pub use crate::local::timeline::Timeline;
 pub use crate::metrics::OperatorMetrics;
 
 /// Status per service name, as the CRD would hold it.
@@ -72,17 +74,76 @@ pub fn prometheus_targets(replicas: &BTreeMap<String, Vec<ReplicaInfo>>) -> Vec<
     groups
 }
 
+/// Every service's history for the live page.
+pub type TimelineHandle = Arc<std::sync::Mutex<Timeline>>;
+
+/// What the admin port serves from.
 #[derive(Clone)]
-struct AdminState {
-    metrics: Arc<OperatorMetrics>,
-    status: StatusMap,
-    replicas: ReplicaMap,
+pub struct AdminState {
+    /// The operator's metrics.
+    pub metrics: Arc<OperatorMetrics>,
+    /// Each service's status.
+    pub status: StatusMap,
+    /// Each service's replicas.
+    pub replicas: ReplicaMap,
+    /// Each service's samples and decisions.
+    pub timeline: TimelineHandle,
 }
 
-/// `/metrics`, `/status` (each service's status as the CRD holds it), `/replicas` (each
-/// service's replicas: phase, rotation, addresses) and `/healthz`.
-pub fn router(metrics: Arc<OperatorMetrics>, status: StatusMap, replicas: ReplicaMap) -> Router {
+/// The live fleet page: one self-contained HTML document (styles and script inline, no
+/// build step, nothing fetched from elsewhere).
+const PAGE: &str = include_str!("page.html");
+
+/// Query of `GET /api/timeline`.
+#[derive(Debug, serde::Deserialize)]
+struct Since {
+    /// Unix seconds; only what is newer is returned.
+    #[serde(default)]
+    since: f64,
+}
+
+/// `GET /api/timeline` answer.
+#[derive(serde::Serialize)]
+struct TimelineAnswer {
+    /// Unix seconds when answered.
+    now: f64,
+    services: BTreeMap<String, crate::local::timeline::ServiceTimeline>,
+}
+
+/// `/` (the live fleet page), `/api/timeline?since=T` (what it plots), `/metrics`,
+/// `/status` (each service's status as the CRD holds it), `/replicas` (each service's
+/// replicas: phase, rotation, addresses), `/prometheus/targets` and `/healthz`.
+pub fn router(state: AdminState) -> Router {
     Router::new()
+        .route(
+            "/",
+            get(|| async {
+                (
+                    [
+                        (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                        (axum::http::header::CACHE_CONTROL, "no-cache"),
+                    ],
+                    PAGE,
+                )
+            }),
+        )
+        .route(
+            "/api/timeline",
+            get(
+                |State(s): State<AdminState>, Query(q): Query<Since>| async move {
+                    let services = s
+                        .timeline
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .since(q.since);
+                    axum::Json(TimelineAnswer {
+                        now: crate::local::timeline::unix_now(),
+                        services,
+                    })
+                    .into_response()
+                },
+            ),
+        )
         .route(
             "/metrics",
             get(|State(s): State<AdminState>| async move { s.metrics.http_response() }),
@@ -109,11 +170,7 @@ pub fn router(metrics: Arc<OperatorMetrics>, status: StatusMap, replicas: Replic
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(AdminState {
-            metrics,
-            status,
-            replicas,
-        })
+        .with_state(state)
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@
 //! replicas are scraped, the shared decision core decides, and the runtime acts: start
 //! processes to scale up, drain then stop them to scale down, take hot replicas out of the
 //! router's rotation and shift DP weights over the control API to rebalance.
-//! `--admin-port` serves the operator's own `/metrics`, `GET /status` (each service's
-//! status as the CRD holds it) and `GET /replicas` (each replica's phase and addresses).
+//! `--admin-port` serves the live fleet page at `/`, the operator's own `/metrics`,
+//! `GET /status` (each service's status as the CRD holds it) and `GET /replicas` (each
+//! replica's phase and addresses).
 
 pub mod admin;
 mod demo;
@@ -14,6 +15,7 @@ pub mod fleet;
 pub mod replica;
 pub mod router;
 mod service;
+pub mod timeline;
 mod view;
 
 use std::path::PathBuf;
@@ -255,6 +257,7 @@ pub async fn run(
     metrics.leader.set(1);
     let status: admin::StatusMap = Arc::default();
     let replicas: admin::ReplicaMap = Arc::default();
+    let timeline: admin::TimelineHandle = Arc::default();
     let header = format!(
         "ballast local: router http://{router_addr}  admin http://{admin_addr}/status  logs {}",
         log_dir.display()
@@ -274,6 +277,7 @@ pub async fn run(
         metrics: Arc::clone(&metrics),
         status: Arc::clone(&status),
         replicas: Arc::clone(&replicas),
+        timeline: Arc::clone(&timeline),
         view,
         health_client,
     };
@@ -296,7 +300,16 @@ pub async fn run(
     let app = router::router(routes, router::HOLD_LIMIT)?;
     tokio::spawn(async move { axum::serve(router_listener, app).await });
     tokio::spawn(async move {
-        axum::serve(admin_listener, admin::router(metrics, status, replicas)).await
+        axum::serve(
+            admin_listener,
+            admin::router(admin::AdminState {
+                metrics,
+                status,
+                replicas,
+                timeline,
+            }),
+        )
+        .await
     });
     // Printed (not logged) so scripts and tests can read the ports; from here on both
     // answer.

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use tonic::transport::{Channel, Endpoint};
 
 use super::LocalError;
-use super::admin::{OperatorMetrics, ReplicaInfo, ReplicaMap, StatusMap};
+use super::admin::{OperatorMetrics, ReplicaInfo, ReplicaMap, StatusMap, TimelineHandle};
 use super::fleet::{Fleet, FleetEvent};
 use super::replica::Phase;
 use super::router::{RouteTable, ServiceRoutes};
@@ -50,6 +50,8 @@ pub struct Shared {
     pub status: StatusMap,
     /// Replicas served on /replicas.
     pub replicas: ReplicaMap,
+    /// What the live page plots.
+    pub timeline: TimelineHandle,
     /// The live view.
     pub view: Arc<Mutex<View>>,
     /// Polls the replicas' `/health`.
@@ -109,6 +111,11 @@ impl Service {
             epoch: Instant::now(),
             isvc,
         };
+        svc.shared
+            .timeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add_service(&svc.name);
         svc.publish();
         Ok(svc)
     }
@@ -386,6 +393,23 @@ impl Service {
             self.on_fleet_event(event);
         }
         self.publish();
+        let c = self.counts();
+        self.shared
+            .timeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(
+                &self.name,
+                super::timeline::unix_now(),
+                super::timeline::Replicas {
+                    ready: c.ready,
+                    starting: c.starting,
+                    draining: c.draining,
+                    accepting: c.accepting,
+                    desired: self.desired,
+                },
+                outcome,
+            );
     }
 
     /// Sets DP weights on every replica that needs new ones, concurrently, each call
