@@ -211,20 +211,20 @@ mod tests {
         let mut tl = Timeline::default();
         let o = outcome(1);
         for i in 0..(MAX_SAMPLES + 10) {
-            tl.record("chat", i as f64, Replicas::default(), &o);
+            tl.record("chat", (i + 1) as f64, Replicas::default(), &o);
         }
         let all = tl.since(0.0);
         assert_eq!(all["chat"].samples.len(), MAX_SAMPLES);
-        assert_eq!(all["chat"].samples[0].t, 10.0);
+        assert_eq!(all["chat"].samples[0].t, 11.0);
         assert_eq!(
             all["chat"].decisions.len(),
             1,
             "{:?}",
             all["chat"].decisions
         );
-        assert_eq!(all["chat"].decisions[0].t, 0.0);
+        assert_eq!(all["chat"].decisions[0].t, 1.0);
         // Only what is newer than `since`.
-        let recent = tl.since(MAX_SAMPLES as f64 + 7.0);
+        let recent = tl.since(MAX_SAMPLES as f64 + 8.0);
         assert_eq!(recent["chat"].samples.len(), 2);
         assert!(recent["chat"].decisions.is_empty());
     }
