@@ -188,6 +188,7 @@ fn the_operator_on_a_real_control_plane() {
                 node: "e2e-node".into(),
                 commands: [("ballast".to_string(), ballast())].into(),
                 log_dir: dir.join("pods"),
+                credentials: Some(cp.credentials()),
             },
         ))
         .unwrap();

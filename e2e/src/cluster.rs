@@ -302,29 +302,7 @@ impl ControlPlane {
         args: &[&str],
         input: Option<&str>,
     ) -> Result<String, String> {
-        use std::io::Write;
-        let mut child = Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        let mut stdin = child.stdin.take().expect("piped");
-        if let Some(text) = input {
-            stdin
-                .write_all(text.as_bytes())
-                .map_err(|e| e.to_string())?;
-        }
-        drop(stdin);
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        kubectl_run(&self.bin, kubeconfig, args, input)
     }
 
     /// A kubeconfig (written under the state dir) that authenticates as ServiceAccount
@@ -334,17 +312,17 @@ impl ControlPlane {
         namespace: &str,
         name: &str,
     ) -> Result<PathBuf, String> {
-        let token =
-            self.kubectl(&["create", "token", name, "-n", namespace, "--duration", "6h"])?;
-        let path = self.dir.join(format!("{namespace}-{name}.kubeconfig"));
-        kubeconfig(
-            &path,
-            &self.server,
-            &self.dir.join("pki"),
-            &format!("{{token: \"{}\"}}", token.trim()),
-        )
-        .map_err(|e| e.to_string())?;
-        Ok(path)
+        self.credentials().kubeconfig(namespace, name)
+    }
+
+    /// What the process kubelet needs to give pods their ServiceAccount's credentials.
+    pub fn credentials(&self) -> Credentials {
+        Credentials {
+            bin: self.bin.clone(),
+            admin_kubeconfig: self.admin_kubeconfig.clone(),
+            server: self.server.clone(),
+            dir: self.dir.clone(),
+        }
     }
 
     /// A kube client with the admin credentials.
@@ -363,5 +341,70 @@ impl ControlPlane {
             .unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+/// `kubectl ARGS` from `bin` with `kubeconfig` and `input` on its stdin: its stdout, or its
+/// stderr as the error.
+fn kubectl_run(
+    bin: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+    input: Option<&str>,
+) -> Result<String, String> {
+    use std::io::Write;
+    let mut child = Command::new(bin.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut stdin = child.stdin.take().expect("piped");
+    if let Some(text) = input {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    drop(stdin);
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Makes kubeconfigs that authenticate as a ServiceAccount, as a kubelet mounts a
+/// ServiceAccount token into a pod. Cheap to clone; owns no process.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    bin: PathBuf,
+    admin_kubeconfig: PathBuf,
+    server: String,
+    dir: PathBuf,
+}
+
+impl Credentials {
+    /// A kubeconfig (written under the state dir) for ServiceAccount `namespace/name`
+    /// with a fresh token from the TokenRequest API.
+    pub fn kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf, String> {
+        let token = kubectl_run(
+            &self.bin,
+            &self.admin_kubeconfig,
+            &["create", "token", name, "-n", namespace, "--duration", "6h"],
+            None,
+        )?;
+        let path = self.dir.join(format!("{namespace}-{name}.kubeconfig"));
+        kubeconfig(
+            &path,
+            &self.server,
+            &self.dir.join("pki"),
+            &format!("{{token: \"{}\"}}", token.trim()),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(path)
     }
 }

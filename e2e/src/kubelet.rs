@@ -10,8 +10,15 @@
 //! exits is restarted (its restart count grows). A pod being deleted gets SIGTERM, then
 //! SIGKILL after its grace period, and is removed from the API.
 //!
+//! A pod's ServiceAccount credentials come as `KUBECONFIG` (see
+//! [`KubeletConfig::credentials`]) rather than a mounted token.
+//!
+//! A pod's ServiceAccount credentials come as `KUBECONFIG` (see
+//! [`KubeletConfig::credentials`]) rather than as a mounted token.
+//!
 //! What it does not do: images, volumes, liveness and startup probes, resource limits,
-//! several containers. The engine pods of these tests need none of that.
+//! security contexts, several containers. The pods of these tests need none of that to
+//! run; the API server still validates every field of them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -38,6 +45,10 @@ pub struct KubeletConfig {
     pub commands: BTreeMap<String, PathBuf>,
     /// Where each container's stdout and stderr go (`NAMESPACE_POD.log`).
     pub log_dir: PathBuf,
+    /// When set, a pod with a `serviceAccountName` (and token automount not turned off)
+    /// gets `KUBECONFIG` pointing at a kubeconfig for that ServiceAccount: what a real
+    /// kubelet's projected token volume gives an in-cluster client.
+    pub credentials: Option<crate::cluster::Credentials>,
 }
 
 /// A running kubelet; stops (killing every pod process) when dropped.
@@ -298,6 +309,14 @@ impl PodRuntime {
             .chain(c.args.iter().flatten())
             .map(|a| expand(a, &env))
             .collect();
+        let mut env = env;
+        if let (Some(creds), Some(sa)) = (&self.config.credentials, &spec.service_account_name)
+            && spec.automount_service_account_token != Some(false)
+        {
+            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+            let path = creds.kubeconfig(ns, sa)?;
+            env.insert("KUBECONFIG".into(), path.display().to_string());
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

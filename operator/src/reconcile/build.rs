@@ -268,6 +268,8 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             condition_type: ACCEPTING_CONDITION.into(),
         }]),
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        // Engines never call the API server: no ServiceAccount token in their pods.
+        automount_service_account_token: Some(false),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(RUN_AS_USER),
@@ -499,6 +501,7 @@ spec:
             pod.security_context.as_ref().unwrap().run_as_user,
             Some(RUN_AS_USER)
         );
+        assert_eq!(pod.automount_service_account_token, Some(false));
         assert_eq!(
             pod.readiness_gates.as_ref().unwrap()[0].condition_type,
             ACCEPTING_CONDITION
