@@ -236,6 +236,14 @@ impl OperatorMetrics {
         }
     }
 
+    /// Makes the counters of `service` exist at 0 (a scrape error per reason), so that a
+    /// dashboard shows 0 rather than "no data" and `rate()` sees the first error.
+    pub fn register_service(&self, service: &str) {
+        for reason in crate::scrape::ScrapeError::REASONS {
+            self.scrape_errors.with_label_values(&[service, reason]);
+        }
+    }
+
     /// Sets the autoscaling bounds of `service`.
     pub fn record_bounds(&self, service: &str, min: i32, max: i32) {
         self.min_replicas

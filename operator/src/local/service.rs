@@ -267,6 +267,7 @@ impl Service {
             .with_label_values(&[&self.name])
             .set(self.desired as i64);
         let a = &self.isvc.spec.autoscaling;
+        m.register_service(&self.name);
         m.record_bounds(&self.name, a.min_replicas, a.max_replicas);
         self.set_condition(status::ready_condition(counts, self.desired));
         self.shared

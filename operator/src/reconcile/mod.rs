@@ -413,6 +413,7 @@ async fn reconcile_inner(
         .with_label_values(&[&name])
         .set(desired as i64);
     let a = &isvc.spec.autoscaling;
+    m.register_service(&name);
     m.record_bounds(&name, a.min_replicas, a.max_replicas);
     m.record_conditions(&name, &s.conditions);
     let next = state
