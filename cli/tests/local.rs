@@ -174,6 +174,14 @@ impl Local {
     }
 }
 
+/// Whether the status has a `Degraded` condition with this status and reason.
+fn has_condition(s: &Value, status: &str, reason: &str) -> bool {
+    s["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Degraded" && c["status"] == status && c["reason"] == reason)
+    })
+}
+
 fn report(mut child: Child, json: &std::path::Path) -> Value {
     assert!(child.wait().unwrap().success(), "bench failed");
     serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
@@ -357,12 +365,10 @@ fn a_replica_killed_under_load_fails_no_request_and_is_replaced() {
     ]);
     std::thread::sleep(Duration::from_secs(3));
     signal(&replica_pid(&local, "chat-0"), "-9");
+    let mut seen = false;
     let s = local.wait_status("chat", Duration::from_secs(30), "a replacement", |s| {
-        s["readyReplicas"] == 2
-            && s["conditions"].as_array().is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "Degraded" && c["reason"] == "ReplicaExited")
-            })
+        seen |= has_condition(s, "True", "ReplicaExited");
+        seen && s["readyReplicas"] == 2 && has_condition(s, "False", "ReplicasRecovered")
     });
     assert_eq!(s["desiredReplicas"], 2);
     let r = report(bench, &json);
@@ -390,6 +396,7 @@ fn a_hung_replica_is_replaced_and_the_control_loop_goes_on() {
     signal(&pid, "-STOP");
     let hung_at = Instant::now();
     let mut decisions = std::collections::BTreeSet::new();
+    let mut seen = false;
     let s = local.wait_status(
         "chat",
         Duration::from_secs(30),
@@ -398,11 +405,8 @@ fn a_hung_replica_is_replaced_and_the_control_loop_goes_on() {
             if let Some(t) = s["lastDecision"]["time"].as_str() {
                 decisions.insert(t.to_string());
             }
-            s["readyReplicas"] == 2
-                && s["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Degraded" && c["reason"] == "ReplicaUnhealthy")
-                })
+            seen |= has_condition(s, "True", "ReplicaUnhealthy");
+            seen && s["readyReplicas"] == 2 && has_condition(s, "False", "ReplicasRecovered")
         },
     );
     let took = hung_at.elapsed();
@@ -459,15 +463,16 @@ fn a_replica_answering_503_is_replaced() {
             let mut c = EngineControlClient::connect(grpc).await.unwrap();
             c.drain(DrainRequest {}).await.unwrap();
         });
+    let mut seen = false;
     let s = local.wait_status("chat", Duration::from_secs(20), "a replacement", |s| {
-        s["readyReplicas"] == 2
-            && s["conditions"].as_array().is_some_and(|c| {
-                c.iter().any(|c| {
-                    c["type"] == "Degraded"
-                        && c["reason"] == "ReplicaUnhealthy"
-                        && c["message"].as_str().is_some_and(|m| m.contains("503"))
-                })
+        seen |= s["conditions"].as_array().is_some_and(|c| {
+            c.iter().any(|c| {
+                c["type"] == "Degraded"
+                    && c["reason"] == "ReplicaUnhealthy"
+                    && c["message"].as_str().is_some_and(|m| m.contains("503"))
             })
+        });
+        seen && s["readyReplicas"] == 2 && has_condition(s, "False", "ReplicasRecovered")
     });
     assert_eq!(s["desiredReplicas"], 2, "{s:#}");
     let names: Vec<Value> = local

@@ -363,6 +363,21 @@ async fn an_invalid_spec_waits_for_a_change_with_a_condition() {
         .await
         .unwrap();
     assert!(writes(&server).is_empty());
+    // The spec fixed: Degraded turns False instead of staying from before.
+    let mut fixed = isvc(SPEC);
+    fixed.status = stored(&server).status;
+    store(&server, &fixed);
+    reconcile(Arc::new(fixed), context(&server)).await.unwrap();
+    let status = stored(&server).status.unwrap();
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "SpecValid")
+    );
 }
 
 #[tokio::test]

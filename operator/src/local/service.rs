@@ -270,6 +270,19 @@ impl Service {
         m.register_service(&self.name);
         m.record_bounds(&self.name, a.min_replicas, a.max_replicas);
         self.set_condition(status::ready_condition(counts, self.desired));
+        // A replaced replica degraded the service until the fleet is whole again.
+        let degraded = self
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "True");
+        if degraded && counts.starting == 0 && counts.ready == self.desired {
+            self.set_condition(ConditionSet {
+                type_: "Degraded",
+                status: false,
+                reason: "ReplicasRecovered",
+                message: format!("all {} replicas ready again", self.desired),
+            });
+        }
         self.shared
             .metrics
             .record_conditions(&self.name, &self.conditions);

@@ -386,6 +386,21 @@ async fn reconcile_inner(
                 .collect()
         })
         .unwrap_or_default();
+    let mut conditions = conditions;
+    // A spec that was invalid and is valid now: say so, or Degraded would stay True.
+    let was_degraded = isvc.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "True")
+    });
+    if was_degraded {
+        conditions.push(ConditionSet {
+            type_: "Degraded",
+            status: false,
+            reason: "SpecValid",
+            message: "the spec is valid and reconciled".into(),
+        });
+    }
     let s = status::status(status::NewStatus {
         isvc,
         counts,
