@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
     version = "v1alpha1",
     kind = "InferenceService",
     plural = "inferenceservices",
+    doc = "A fleet of LLM inference replicas that Ballast scales, rebalances or holds on what the replicas report about themselves.",
     shortname = "isvc",
     namespaced,
     status = "InferenceServiceStatus",
@@ -212,8 +213,9 @@ pub struct AutoscalingSpec {
     pub behavior: BehaviorSpec,
 }
 
-/// Targets per signal. Unset targets are not used; at least one must be set when
-/// autoscaling is enabled.
+/// Targets per signal. A target left out takes its default (capacity waiting 4 per replica,
+/// KV cache usage 0.85, admission rejections 0.05/s per replica; TTFT none); an explicit
+/// `null` turns it off. At least one must be set when autoscaling is enabled.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetsSpec {
