@@ -245,21 +245,21 @@ fn load_scales_up_within_two_periods_and_back_down_with_no_failed_request() {
     });
     assert_eq!(s["readyReplicas"], 1, "{s:#}");
     let metrics = get(&format!("{}/metrics", local.admin)).unwrap();
-    assert!(metrics.contains("ballast_operator_decisions_total{action=\"ScaleUp\",name=\"chat\",reason=\"CapacityWaiting\"}"), "{metrics}");
+    assert!(metrics.contains("ballast_operator_decisions_total{action=\"ScaleUp\",name=\"chat\",namespace=\"local\",reason=\"CapacityWaiting\"}"), "{metrics}");
     assert!(
-        metrics.contains("ballast_operator_decisions_total{action=\"ScaleDown\",name=\"chat\""),
+        metrics.contains("ballast_operator_decisions_total{action=\"ScaleDown\",name=\"chat\",namespace=\"local\""),
         "{metrics}"
     );
     // What dashboards and alerts read: each signal against its target, the bounds, the
     // conditions as 0/1 series, and leadership (one process always leads).
     for line in [
-        "ballast_operator_signal_target{name=\"chat\",signal=\"capacityWaiting\"} ",
-        "ballast_operator_signal_observed{name=\"chat\",signal=\"capacityWaiting\"} 0",
-        "ballast_operator_min_replicas{name=\"chat\"} 1",
-        "ballast_operator_max_replicas{name=\"chat\"} 3",
-        "ballast_operator_condition{name=\"chat\",status=\"True\",type=\"Ready\"} 1",
-        "ballast_operator_condition{name=\"chat\",status=\"False\",type=\"Ready\"} 0",
-        "ballast_operator_condition{name=\"chat\",status=\"True\",type=\"MetricsAvailable\"} 1",
+        "ballast_operator_signal_target{name=\"chat\",namespace=\"local\",signal=\"capacityWaiting\"} ",
+        "ballast_operator_signal_observed{name=\"chat\",namespace=\"local\",signal=\"capacityWaiting\"} 0",
+        "ballast_operator_min_replicas{name=\"chat\",namespace=\"local\"} 1",
+        "ballast_operator_max_replicas{name=\"chat\",namespace=\"local\"} 3",
+        "ballast_operator_condition{name=\"chat\",namespace=\"local\",status=\"True\",type=\"Ready\"} 1",
+        "ballast_operator_condition{name=\"chat\",namespace=\"local\",status=\"False\",type=\"Ready\"} 0",
+        "ballast_operator_condition{name=\"chat\",namespace=\"local\",status=\"True\",type=\"MetricsAvailable\"} 1",
         "ballast_operator_leader 1",
     ] {
         assert!(metrics.contains(line), "no {line:?} in\n{metrics}");
@@ -667,7 +667,7 @@ spec:
     );
     let decisions = get(&format!("{}/metrics", local.admin)).unwrap();
     assert!(
-        decisions.contains("ballast_operator_decisions_total{action=\"Rebalance\",name=\"chat\",reason=\"ReplicaCooled\"}"),
+        decisions.contains("ballast_operator_decisions_total{action=\"Rebalance\",name=\"chat\",namespace=\"local\",reason=\"ReplicaCooled\"}"),
         "{decisions}\n{s:#}"
     );
 }

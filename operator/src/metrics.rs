@@ -1,5 +1,11 @@
 //! The operator's own metrics (control-plane contract §4 names), served by both runtimes:
 //! `ballast local`'s admin port and `ballast operator`'s `/metrics`.
+//!
+//! Every per-service family is labelled with the InferenceService's `namespace` and `name`
+//! (`namespace="local"` in `ballast local`), so services of the same name in two namespaces
+//! never share a series. A Prometheus scraping the operator must keep that label
+//! (`honorLabels: true`, as the chart's ServiceMonitor sets) rather than overwrite it with
+//! the operator pod's namespace.
 
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -9,35 +15,35 @@ use prometheus::{
 /// The operator's metric families.
 pub struct OperatorMetrics {
     registry: Registry,
-    /// `ballast_operator_decisions_total{name, action, reason}`.
+    /// `ballast_operator_decisions_total{namespace, name, action, reason}`.
     pub decisions: IntCounterVec,
-    /// `ballast_operator_desired_replicas{name}`.
+    /// `ballast_operator_desired_replicas{namespace, name}`.
     pub desired_replicas: IntGaugeVec,
-    /// `ballast_operator_replicas{name, state}`: ready, starting, draining, accepting.
+    /// `ballast_operator_replicas{namespace, name, state}`: ready, starting, draining, accepting.
     pub replicas: IntGaugeVec,
-    /// `ballast_operator_signal{name, signal}`: the aggregated signals decided on.
+    /// `ballast_operator_signal{namespace, name, signal}`: the aggregated signals decided on.
     pub signal: GaugeVec,
-    /// `ballast_operator_scrape_errors_total{name, reason}`.
+    /// `ballast_operator_scrape_errors_total{namespace, name, reason}`.
     pub scrape_errors: IntCounterVec,
-    /// `ballast_operator_scrape_duration_seconds{name}`: one control period's scrape.
+    /// `ballast_operator_scrape_duration_seconds{namespace, name}`: one control period's scrape.
     pub scrape_duration: HistogramVec,
-    /// `ballast_operator_reconcile_errors_total{name, category}` (Kubernetes runtime).
+    /// `ballast_operator_reconcile_errors_total{namespace, name, category}` (Kubernetes runtime).
     pub reconcile_errors: IntCounterVec,
-    /// `ballast_operator_api_writes_total{name, object}`: writes to the API server, by the
+    /// `ballast_operator_api_writes_total{namespace, name, object}`: writes to the API server, by the
     /// object written (Kubernetes runtime). An unchanged resource adds none.
     pub api_writes: IntCounterVec,
-    /// `ballast_operator_signal_observed{name, signal}`: the value each configured signal
+    /// `ballast_operator_signal_observed{namespace, name, signal}`: the value each configured signal
     /// was compared with its target on (per replica for capacity waiting, as the target
     /// is); NaN when missing.
     pub signal_observed: GaugeVec,
-    /// `ballast_operator_signal_target{name, signal}`: each configured signal's target.
+    /// `ballast_operator_signal_target{namespace, name, signal}`: each configured signal's target.
     pub signal_target: GaugeVec,
-    /// `ballast_operator_min_replicas{name}` and `ballast_operator_max_replicas{name}`: the
+    /// `ballast_operator_min_replicas{namespace, name}` and `ballast_operator_max_replicas{namespace, name}`: the
     /// autoscaling bounds in force.
     pub min_replicas: IntGaugeVec,
     /// See [`min_replicas`](Self::min_replicas).
     pub max_replicas: IntGaugeVec,
-    /// `ballast_operator_condition{name, type, status}`: 1 on the series of each
+    /// `ballast_operator_condition{namespace, name, type, status}`: 1 on the series of each
     /// condition's current status (`True` or `False`), 0 on the other.
     pub condition: IntGaugeVec,
     /// `ballast_operator_leader`: 1 while this operator replica holds the leader lease (or
@@ -60,7 +66,7 @@ impl OperatorMetrics {
                 "ballast_operator_decisions_total",
                 "Decisions by service, action and reason.",
             ),
-            &["name", "action", "reason"],
+            &["namespace", "name", "action", "reason"],
         )
         .expect("valid");
         let desired_replicas = IntGaugeVec::new(
@@ -68,7 +74,7 @@ impl OperatorMetrics {
                 "ballast_operator_desired_replicas",
                 "Replicas the operator wants per service.",
             ),
-            &["name"],
+            &["namespace", "name"],
         )
         .expect("valid");
         let replicas = IntGaugeVec::new(
@@ -76,7 +82,7 @@ impl OperatorMetrics {
                 "ballast_operator_replicas",
                 "Replicas per service by state: ready, starting, draining, accepting.",
             ),
-            &["name", "state"],
+            &["namespace", "name", "state"],
         )
         .expect("valid");
         let signal = GaugeVec::new(
@@ -84,7 +90,7 @@ impl OperatorMetrics {
                 "ballast_operator_signal",
                 "Aggregated fleet signals the last decision used.",
             ),
-            &["name", "signal"],
+            &["namespace", "name", "signal"],
         )
         .expect("valid");
         let scrape_errors = IntCounterVec::new(
@@ -92,7 +98,7 @@ impl OperatorMetrics {
                 "ballast_operator_scrape_errors_total",
                 "Failed replica scrapes by reason.",
             ),
-            &["name", "reason"],
+            &["namespace", "name", "reason"],
         )
         .expect("valid");
         let scrape_duration = HistogramVec::new(
@@ -103,7 +109,7 @@ impl OperatorMetrics {
             .buckets(vec![
                 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ]),
-            &["name"],
+            &["namespace", "name"],
         )
         .expect("valid");
         let reconcile_errors = IntCounterVec::new(
@@ -111,7 +117,7 @@ impl OperatorMetrics {
                 "ballast_operator_reconcile_errors_total",
                 "Failed reconciles by service and error category.",
             ),
-            &["name", "category"],
+            &["namespace", "name", "category"],
         )
         .expect("valid");
         let api_writes = IntCounterVec::new(
@@ -119,7 +125,7 @@ impl OperatorMetrics {
                 "ballast_operator_api_writes_total",
                 "Writes to the Kubernetes API server by service and object (deployment, service, pdb, servicemonitor, status, pod).",
             ),
-            &["name", "object"],
+            &["namespace", "name", "object"],
         )
         .expect("valid");
         let signal_observed = GaugeVec::new(
@@ -127,7 +133,7 @@ impl OperatorMetrics {
                 "ballast_operator_signal_observed",
                 "The value each configured signal was compared with its target on (per replica for capacityWaiting); NaN when missing.",
             ),
-            &["name", "signal"],
+            &["namespace", "name", "signal"],
         )
         .expect("valid");
         let signal_target = GaugeVec::new(
@@ -135,7 +141,7 @@ impl OperatorMetrics {
                 "ballast_operator_signal_target",
                 "Each configured signal's target.",
             ),
-            &["name", "signal"],
+            &["namespace", "name", "signal"],
         )
         .expect("valid");
         let min_replicas = IntGaugeVec::new(
@@ -143,7 +149,7 @@ impl OperatorMetrics {
                 "ballast_operator_min_replicas",
                 "The lower autoscaling bound per service.",
             ),
-            &["name"],
+            &["namespace", "name"],
         )
         .expect("valid");
         let max_replicas = IntGaugeVec::new(
@@ -151,7 +157,7 @@ impl OperatorMetrics {
                 "ballast_operator_max_replicas",
                 "The upper autoscaling bound per service.",
             ),
-            &["name"],
+            &["namespace", "name"],
         )
         .expect("valid");
         let condition = IntGaugeVec::new(
@@ -159,7 +165,7 @@ impl OperatorMetrics {
                 "ballast_operator_condition",
                 "1 on the current status (True or False) of each status condition, 0 on the other.",
             ),
-            &["name", "type", "status"],
+            &["namespace", "name", "type", "status"],
         )
         .expect("valid");
         let leader = prometheus::IntGauge::new(
@@ -206,9 +212,14 @@ impl OperatorMetrics {
 
     /// Counts one decision of `service` and sets the signal gauges it was made on (NaN
     /// for a signal without a value).
-    pub fn record_decision(&self, service: &str, outcome: &crate::decide::Outcome) {
+    pub fn record_decision(&self, ns: &str, service: &str, outcome: &crate::decide::Outcome) {
         self.decisions
-            .with_label_values(&[service, outcome.action.as_str(), outcome.reason.as_str()])
+            .with_label_values(&[
+                ns,
+                service,
+                outcome.action.as_str(),
+                outcome.reason.as_str(),
+            ])
             .inc();
         let s = &outcome.signals;
         for (signal, v) in [
@@ -222,51 +233,52 @@ impl OperatorMetrics {
             ("ttftP99Seconds", s.ttft_p99_seconds),
         ] {
             self.signal
-                .with_label_values(&[service, signal])
+                .with_label_values(&[ns, service, signal])
                 .set(v.unwrap_or(f64::NAN));
         }
         for r in &outcome.reports {
             let signal = r.signal.as_str();
             self.signal_target
-                .with_label_values(&[service, signal])
+                .with_label_values(&[ns, service, signal])
                 .set(r.target);
             self.signal_observed
-                .with_label_values(&[service, signal])
+                .with_label_values(&[ns, service, signal])
                 .set(r.observed.unwrap_or(f64::NAN));
         }
     }
 
     /// Makes the counters of `service` exist at 0 (a scrape error per reason), so that a
     /// dashboard shows 0 rather than "no data" and `rate()` sees the first error.
-    pub fn register_service(&self, service: &str) {
+    pub fn register_service(&self, ns: &str, service: &str) {
         for reason in crate::scrape::ScrapeError::REASONS {
-            self.scrape_errors.with_label_values(&[service, reason]);
+            self.scrape_errors.with_label_values(&[ns, service, reason]);
         }
     }
 
     /// Sets the autoscaling bounds of `service`.
-    pub fn record_bounds(&self, service: &str, min: i32, max: i32) {
+    pub fn record_bounds(&self, ns: &str, service: &str, min: i32, max: i32) {
         self.min_replicas
-            .with_label_values(&[service])
+            .with_label_values(&[ns, service])
             .set(i64::from(min));
         self.max_replicas
-            .with_label_values(&[service])
+            .with_label_values(&[ns, service])
             .set(i64::from(max));
     }
 
     /// Sets the condition series of `service` from its status conditions.
     pub fn record_conditions(
         &self,
+        ns: &str,
         service: &str,
         conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     ) {
         for c in conditions {
             let is_true = c.status == "True";
             self.condition
-                .with_label_values(&[service, &c.type_, "True"])
+                .with_label_values(&[ns, service, &c.type_, "True"])
                 .set(i64::from(is_true));
             self.condition
-                .with_label_values(&[service, &c.type_, "False"])
+                .with_label_values(&[ns, service, &c.type_, "False"])
                 .set(i64::from(!is_true));
         }
     }

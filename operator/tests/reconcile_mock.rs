@@ -406,7 +406,7 @@ async fn an_api_error_is_categorised_and_backs_off() {
     let metrics = ctx.metrics.render();
     assert!(
         metrics
-            .contains("ballast_operator_reconcile_errors_total{category=\"api\",name=\"chat\"} 3"),
+            .contains("ballast_operator_reconcile_errors_total{category=\"api\",name=\"chat\",namespace=\"default\"} 3"),
         "{metrics}"
     );
     let warnings = writes(&server)

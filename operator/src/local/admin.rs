@@ -64,7 +64,10 @@ pub fn prometheus_targets(replicas: &BTreeMap<String, Vec<ReplicaInfo>>) -> Vec<
             groups.push(TargetGroup {
                 targets: vec![host_port],
                 labels: BTreeMap::from([
-                    ("namespace".to_string(), "local".to_string()),
+                    (
+                        "namespace".to_string(),
+                        super::service::LOCAL_NAMESPACE.to_string(),
+                    ),
                     ("service".to_string(), service.clone()),
                     ("pod".to_string(), r.name.clone()),
                 ]),

@@ -25,6 +25,10 @@ use crate::scrape::{ScrapeConfig, Scraper, Target, Tracker};
 use crate::signals::Dialect;
 use crate::status::{self, ConditionSet, ReplicaCounts, StatusParts};
 
+/// The `namespace` label of every service's series in `ballast local` (and of its engines'
+/// targets on `/prometheus/targets`).
+pub const LOCAL_NAMESPACE: &str = "local";
+
 /// How often replicas are checked (readiness, health, exits) between decisions.
 const HOUSEKEEPING: Duration = Duration::from_millis(200);
 
@@ -260,15 +264,15 @@ impl Service {
             ("accepting", counts.accepting),
         ] {
             m.replicas
-                .with_label_values(&[&self.name, state])
+                .with_label_values(&[LOCAL_NAMESPACE, &self.name, state])
                 .set(v as i64);
         }
         m.desired_replicas
-            .with_label_values(&[&self.name])
+            .with_label_values(&[LOCAL_NAMESPACE, &self.name])
             .set(self.desired as i64);
         let a = &self.isvc.spec.autoscaling;
-        m.register_service(&self.name);
-        m.record_bounds(&self.name, a.min_replicas, a.max_replicas);
+        m.register_service(LOCAL_NAMESPACE, &self.name);
+        m.record_bounds(LOCAL_NAMESPACE, &self.name, a.min_replicas, a.max_replicas);
         self.set_condition(status::ready_condition(counts, self.desired));
         // A replaced replica degraded the service until the fleet is whole again.
         let degraded = self
@@ -285,7 +289,7 @@ impl Service {
         }
         self.shared
             .metrics
-            .record_conditions(&self.name, &self.conditions);
+            .record_conditions(LOCAL_NAMESPACE, &self.name, &self.conditions);
         let status = status::assemble(StatusParts {
             name: &self.name,
             generation: self.isvc.metadata.generation.or(Some(1)),
@@ -351,12 +355,12 @@ impl Service {
         let outcomes = self.scraper.scrape(self.dialect, &targets).await;
         let m = &self.shared.metrics;
         m.scrape_duration
-            .with_label_values(&[&self.name])
+            .with_label_values(&[LOCAL_NAMESPACE, &self.name])
             .observe(t0.elapsed().as_secs_f64());
         for o in &outcomes {
             if let Err(e) = &o.result {
                 m.scrape_errors
-                    .with_label_values(&[&self.name, e.reason()])
+                    .with_label_values(&[LOCAL_NAMESPACE, &self.name, e.reason()])
                     .inc();
             }
         }
@@ -487,7 +491,9 @@ impl Service {
     /// Metrics, the structured log line and the view for one decision.
     fn record_decision(&self, outcome: &Outcome, decision: &ballast_crds::Decision) {
         let action = outcome.action.as_str();
-        self.shared.metrics.record_decision(&self.name, outcome);
+        self.shared
+            .metrics
+            .record_decision(LOCAL_NAMESPACE, &self.name, outcome);
         let recs: Vec<String> = decision
             .recommendations
             .iter()

@@ -133,11 +133,11 @@ impl Context {
             .remove(&(ns.to_string(), name.to_string()));
     }
 
-    fn count_write(&self, name: &str, object: &str, wrote: bool) {
+    fn count_write(&self, ns: &str, name: &str, object: &str, wrote: bool) {
         if wrote {
             self.metrics
                 .api_writes
-                .with_label_values(&[name, object])
+                .with_label_values(&[ns, name, object])
                 .inc();
         }
     }
@@ -151,7 +151,12 @@ impl Context {
             secondary: None,
         };
         match self.recorder.publish(&ev, &isvc.object_ref(&())).await {
-            Ok(()) => self.count_write(&isvc.name_any(), "event", true),
+            Ok(()) => self.count_write(
+                &isvc.namespace().unwrap_or_default(),
+                &isvc.name_any(),
+                "event",
+                true,
+            ),
             Err(e) => {
                 tracing::warn!(target: "ballast::operator", error = %e, "cannot publish an event")
             }
@@ -249,7 +254,7 @@ async fn reconcile_inner(
             now,
         });
         let wrote = status::write(isvcs, isvc, &s).await?;
-        ctx.count_write(&name, "status", wrote);
+        ctx.count_write(&ns, &name, "status", wrote);
         if wrote {
             ctx.event(isvc, EventType::Warning, "InvalidSpec", message)
                 .await;
@@ -288,12 +293,12 @@ async fn reconcile_inner(
             .await;
         let m = &ctx.metrics;
         m.scrape_duration
-            .with_label_values(&[&name])
+            .with_label_values(&[&ns, &name])
             .observe(t0.elapsed().as_secs_f64());
         for o in &outcomes {
             if let Err(e) = &o.result {
                 m.scrape_errors
-                    .with_label_values(&[&name, e.reason()])
+                    .with_label_values(&[&ns, &name, e.reason()])
                     .inc();
             }
         }
@@ -334,17 +339,17 @@ async fn reconcile_inner(
     if desired < current {
         for (pod, cost) in decide::deletion_costs(&observed, &fleet) {
             apply::set_deletion_cost(&pods, &pod, cost).await?;
-            ctx.count_write(&name, "pod", true);
+            ctx.count_write(&ns, &name, "pod", true);
         }
     }
     let wrote = apply::apply(&deployments, &name, &objects.deployment).await?;
-    ctx.count_write(&name, "deployment", wrote);
+    ctx.count_write(&ns, &name, "deployment", wrote);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     let wrote = apply::apply(&services, &name, &objects.service).await?;
-    ctx.count_write(&name, "service", wrote);
+    ctx.count_write(&ns, &name, "service", wrote);
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
     let wrote = apply::apply(&pdbs, &name, &objects.pdb).await?;
-    ctx.count_write(&name, "pdb", wrote);
+    ctx.count_write(&ns, &name, "pdb", wrote);
     let wrote = apply::service_monitor(
         client,
         &ns,
@@ -353,7 +358,7 @@ async fn reconcile_inner(
         service_monitor_crd,
     )
     .await?;
-    ctx.count_write(&name, "servicemonitor", wrote);
+    ctx.count_write(&ns, &name, "servicemonitor", wrote);
 
     // rotation: the accepting readiness gate of every ready pod
     let plan = decided
@@ -367,7 +372,7 @@ async fn reconcile_inner(
             ("OutOfRotation", "hot: taken out of rotation by rebalancing")
         };
         apply::set_accepting(&pods, &pod, accepting, reason, message).await?;
-        ctx.count_write(&name, "pod", true);
+        ctx.count_write(&ns, &name, "pod", true);
     }
     set_dp_weights(isvc, state, &observed, &plan.dp_weights).await;
 
@@ -411,7 +416,7 @@ async fn reconcile_inner(
         now,
     });
     let wrote = status::write(isvcs, isvc, &s).await?;
-    ctx.count_write(&name, "status", wrote);
+    ctx.count_write(&ns, &name, "status", wrote);
     if let Some(o) = outcome {
         record(ctx, isvc, o).await;
     }
@@ -422,15 +427,17 @@ async fn reconcile_inner(
         ("draining", counts.draining),
         ("accepting", counts.accepting),
     ] {
-        m.replicas.with_label_values(&[&name, label]).set(v as i64);
+        m.replicas
+            .with_label_values(&[&ns, &name, label])
+            .set(v as i64);
     }
     m.desired_replicas
-        .with_label_values(&[&name])
+        .with_label_values(&[&ns, &name])
         .set(desired as i64);
     let a = &isvc.spec.autoscaling;
-    m.register_service(&name);
-    m.record_bounds(&name, a.min_replicas, a.max_replicas);
-    m.record_conditions(&name, &s.conditions);
+    m.register_service(&ns, &name);
+    m.record_bounds(&ns, &name, a.min_replicas, a.max_replicas);
+    m.record_conditions(&ns, &name, &s.conditions);
     let next = state
         .last_period
         .as_ref()
@@ -441,7 +448,8 @@ async fn reconcile_inner(
 /// Metrics, a structured log line, and an Event when the decision changed something.
 async fn record(ctx: &Context, isvc: &InferenceService, o: &Outcome) {
     let name = isvc.name_any();
-    ctx.metrics.record_decision(&name, o);
+    ctx.metrics
+        .record_decision(&isvc.namespace().unwrap_or_default(), &name, o);
     tracing::info!(
         target: "ballast::decision",
         namespace = %isvc.namespace().unwrap_or_default(),
@@ -535,7 +543,7 @@ pub fn error_policy(isvc: Arc<InferenceService>, error: &Error, ctx: Arc<Context
     let ns = isvc.namespace().unwrap_or_default();
     ctx.metrics
         .reconcile_errors
-        .with_label_values(&[&name, error.category()])
+        .with_label_values(&[&ns, &name, error.category()])
         .inc();
     let failures = ctx
         .state(&ns, &name)
