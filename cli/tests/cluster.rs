@@ -193,7 +193,8 @@ fn the_operator_on_a_real_control_plane() {
         ))
         .unwrap();
 
-    // The CRD, and the operator's ServiceAccount bound to exactly the chart's rules.
+    // The CRD, and the operator's ServiceAccount bound to exactly the chart's rules: the
+    // cluster-wide ones in a ClusterRole, the Lease in a Role of its own namespace.
     let crd = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../crds/inferenceservices.ballast.dev.yaml"
@@ -204,8 +205,13 @@ fn the_operator_on_a_real_control_plane() {
         "/../charts/ballast/files/operator-rbac-rules.yaml"
     ))
     .unwrap();
+    let lease_rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/ballast/files/operator-lease-rules.yaml"
+    ))
+    .unwrap();
     cp.apply(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: ballast-system}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: ballast-operator, namespace: ballast-system}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: ballast-operator}}\nrules:\n{rules}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: ballast-operator}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ballast-operator}}\nsubjects: [{{kind: ServiceAccount, name: ballast-operator, namespace: ballast-system}}]\n"
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: ballast-system}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: ballast-operator, namespace: ballast-system}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: ballast-operator}}\nrules:\n{rules}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: ballast-operator}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ballast-operator}}\nsubjects: [{{kind: ServiceAccount, name: ballast-operator, namespace: ballast-system}}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: ballast-operator, namespace: ballast-system}}\nrules:\n{lease_rules}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: ballast-operator, namespace: ballast-system}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: ballast-operator}}\nsubjects: [{{kind: ServiceAccount, name: ballast-operator, namespace: ballast-system}}]\n"
     ))
     .unwrap();
     // The CRD serves a moment after it is created.

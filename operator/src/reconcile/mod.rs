@@ -30,6 +30,7 @@ pub mod decide;
 pub mod error;
 pub mod fetch;
 pub mod leader;
+pub mod rbac;
 mod run;
 pub mod status;
 

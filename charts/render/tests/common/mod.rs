@@ -1,0 +1,272 @@
+//! Helpers of the chart tests: the chart, renders, a temporary copy of the chart with
+//! extra files, and the typed round trip through k8s-openapi.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ballast_chart::{Chart, RenderOptions, Rendered};
+use serde_json::Value as Json;
+
+/// The chart's folder.
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../ballast")
+}
+
+/// The chart as committed.
+pub fn chart() -> Chart {
+    Chart::load(chart_dir()).unwrap_or_else(|e| panic!("the chart loads: {e}"))
+}
+
+/// Release `ballast` in `ballast-system`.
+pub fn options() -> RenderOptions {
+    RenderOptions::new("ballast", "ballast-system")
+}
+
+/// Renders `chart` and panics with the error if it fails.
+pub fn render(chart: &Chart, options: &RenderOptions) -> Rendered {
+    chart
+        .render(options)
+        .unwrap_or_else(|e| panic!("the chart renders: {e}"))
+}
+
+/// Every template document parsed.
+pub fn objects(r: &Rendered) -> Vec<Json> {
+    r.objects().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `(kind, name)` of every template document, in order.
+pub fn kinds(r: &Rendered) -> Vec<(String, String)> {
+    objects(r)
+        .iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap_or_default().to_string(),
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The one object of `kind` (panics when there is not exactly one).
+pub fn one(r: &Rendered, kind: &str) -> Json {
+    let mut all = r.of_kind(kind).unwrap();
+    assert_eq!(all.len(), 1, "exactly one {kind}: {:?}", kinds(r));
+    all.remove(0)
+}
+
+/// The operator container of the rendered Deployment.
+pub fn container(r: &Rendered) -> Json {
+    one(r, "Deployment")["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
+/// The container's args as strings.
+pub fn args(r: &Rendered) -> Vec<String> {
+    container(r)["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A copy of the chart in a temporary folder, removed on drop.
+pub struct ChartCopy {
+    pub dir: PathBuf,
+}
+
+static COPIES: AtomicUsize = AtomicUsize::new(0);
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+impl ChartCopy {
+    /// The chart copied, plus `files` (path in the chart, content).
+    pub fn with(files: &[(&str, &str)]) -> ChartCopy {
+        let dir = std::env::temp_dir().join(format!(
+            "ballast-chart-test-{}-{}",
+            std::process::id(),
+            COPIES.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        copy_dir(&chart_dir(), &dir);
+        for (path, content) in files {
+            let p = dir.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        }
+        ChartCopy { dir }
+    }
+
+    /// The copy loaded.
+    pub fn chart(&self) -> Chart {
+        Chart::load(&self.dir).unwrap_or_else(|e| panic!("the copy loads: {e}"))
+    }
+}
+
+impl Drop for ChartCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A small Grafana dashboard.
+pub const DASHBOARD: &str = r#"{
+  "title": "Ballast fleet",
+  "uid": "ballast-fleet",
+  "panels": [{"type": "timeseries", "title": "Desired replicas",
+    "targets": [{"expr": "ballast_operator_desired_replicas"}]}]
+}
+"#;
+
+/// A small Prometheus rules file, with Prometheus's own templating in an annotation.
+pub const ALERTS: &str = r#"# Ballast alerts.
+groups:
+  - name: ballast
+    rules:
+      - alert: BallastReconcileErrors
+        expr: sum by (name) (rate(ballast_operator_reconcile_errors_total[5m])) > 0
+        for: 10m
+        labels:
+          severity: warning
+        annotations:
+          summary: "{{ $labels.name }} fails to reconcile"
+"#;
+
+/// Deserializes `doc` into `T` and serializes it back: the same JSON comes back unless
+/// the document has a field the type does not know (a misspelling serde would drop) or
+/// a value of the wrong shape.
+pub fn round_trip<T>(doc: &Json)
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let typed: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| {
+        panic!(
+            "{} {} does not deserialize: {e}\n{doc:#}",
+            doc["kind"], doc["metadata"]["name"]
+        )
+    });
+    let back = serde_json::to_value(&typed).unwrap();
+    if back != *doc {
+        panic!(
+            "{} {} changes through its type (an unknown or misspelt field?)\nrendered: {doc:#}\ntyped:    {back:#}",
+            doc["kind"], doc["metadata"]["name"]
+        );
+    }
+}
+
+/// Checks every document of `r` (and its CRDs) against its Kubernetes type.
+pub fn check_types(r: &Rendered) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    for crd in &r.crds {
+        let doc = crd.parse().unwrap();
+        assert_eq!(doc["kind"], "CustomResourceDefinition");
+        round_trip::<CustomResourceDefinition>(&doc);
+    }
+    for doc in objects(r) {
+        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+        match (api_version, doc["kind"].as_str().unwrap_or_default()) {
+            ("apps/v1", "Deployment") => round_trip::<Deployment>(&doc),
+            ("v1", "Service") => round_trip::<Service>(&doc),
+            ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(&doc),
+            ("v1", "ConfigMap") => round_trip::<ConfigMap>(&doc),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(&doc),
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+                round_trip::<ClusterRoleBinding>(&doc)
+            }
+            ("rbac.authorization.k8s.io/v1", "Role") => round_trip::<Role>(&doc),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => round_trip::<RoleBinding>(&doc),
+            ("monitoring.coreos.com/v1", "ServiceMonitor") => check_service_monitor(&doc),
+            ("monitoring.coreos.com/v1", "PrometheusRule") => check_prometheus_rule(&doc),
+            (v, k) => panic!("unexpected document {v} {k}"),
+        }
+    }
+}
+
+fn check_metadata(doc: &Json) {
+    let meta = doc["metadata"].as_object().expect("metadata");
+    let name = meta["name"].as_str().expect("metadata.name");
+    assert!(!name.is_empty() && name.len() <= 63, "{name}");
+    assert!(meta["namespace"].is_string(), "namespaced: {doc}");
+    for (k, v) in meta
+        .get("labels")
+        .and_then(Json::as_object)
+        .into_iter()
+        .flatten()
+    {
+        assert!(v.is_string(), "label {k} is a string");
+    }
+    let known = ["name", "namespace", "labels", "annotations"];
+    for k in meta.keys() {
+        assert!(known.contains(&k.as_str()), "unexpected metadata.{k}");
+    }
+}
+
+/// A ServiceMonitor's required shape (monitoring.coreos.com/v1).
+pub fn check_service_monitor(doc: &Json) {
+    check_metadata(doc);
+    let spec = doc["spec"].as_object().expect("spec");
+    for k in spec.keys() {
+        assert!(
+            ["selector", "namespaceSelector", "endpoints"].contains(&k.as_str()),
+            "unexpected ServiceMonitor spec.{k}"
+        );
+    }
+    assert!(
+        spec["selector"]["matchLabels"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty()),
+        "a selector"
+    );
+    let endpoints = spec["endpoints"].as_array().expect("endpoints");
+    assert!(!endpoints.is_empty());
+    for e in endpoints {
+        let e = e.as_object().unwrap();
+        for k in e.keys() {
+            assert!(
+                ["port", "path", "interval", "scrapeTimeout"].contains(&k.as_str()),
+                "unexpected endpoint field {k}"
+            );
+        }
+        assert!(e["port"].is_string());
+        assert_eq!(e["path"], "/metrics");
+    }
+}
+
+/// A PrometheusRule's required shape: spec.groups, each with a name and rules that each
+/// have an expr and an alert or record.
+pub fn check_prometheus_rule(doc: &Json) {
+    check_metadata(doc);
+    let spec = doc["spec"].as_object().expect("spec");
+    assert_eq!(spec.keys().collect::<Vec<_>>(), ["groups"]);
+    let groups = spec["groups"].as_array().expect("groups");
+    assert!(!groups.is_empty());
+    for g in groups {
+        assert!(g["name"].is_string(), "group name");
+        for r in g["rules"].as_array().expect("rules") {
+            assert!(r["expr"].is_string(), "expr");
+            assert!(
+                r["alert"].is_string() || r["record"].is_string(),
+                "alert or record"
+            );
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Every Kubernetes API call `ballast operator` makes, as RBAC needs to grant it: the
+//! operator's declared API access. The Helm chart's ClusterRole and Role (from
+//! `charts/ballast/files/operator-rbac-rules.yaml` and `operator-lease-rules.yaml`) must
+//! grant exactly this list; a test in `charts/render` fails on anything missing or extra.
+//! Change this list in the same commit as the call that needs it.
+//!
+//! Where each verb comes from:
+//! - `run.rs`: the Controller lists and watches InferenceServices and the Deployments
+//!   they own (cluster-wide, or one namespace with `--namespace`); reconciles read the
+//!   Controller's cache, never `get` an InferenceService;
+//! - `fetch.rs`: `get` of the service's Deployment, `list` of its pods by label;
+//! - `apply.rs`: `get` of each owned object, then server-side apply, which is `patch`,
+//!   and also `create` when the object does not exist yet (Deployment, Service,
+//!   PodDisruptionBudget, ServiceMonitor); `delete` of a ServiceMonitor the operator
+//!   owns when the spec stops asking for one; a merge `patch` of a pod's deletion cost
+//!   and a strategic `patch` of `pods/status` for the readiness gate;
+//! - `status.rs`: server-side apply (`patch`) of `inferenceservices/status`;
+//! - events (kube's `Recorder`): `create` of an `events.k8s.io` Event, `patch` of a
+//!   repeated one (its series);
+//! - `leader.rs`: `get`, `create` and `update` (a `replace` carrying the
+//!   resourceVersion it read) of the Lease in the operator's own namespace.
+//!
+//! Not listed: `apply::service_monitor_crd` reads the discovery document
+//! `/apis/monitoring.coreos.com/v1`, which every authenticated client may read
+//! (the built-in `system:discovery` role).
+
+/// Where a grant applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// Every namespace (a ClusterRole).
+    Cluster,
+    /// The operator's own namespace only (a Role there): its leader-election Lease.
+    OwnNamespace,
+}
+
+/// One resource the operator calls, with the verbs it uses on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiAccess {
+    /// API group (`""` for the core group).
+    pub group: &'static str,
+    /// Resource or `resource/subresource`, plural.
+    pub resource: &'static str,
+    /// The verbs, in the order the rules file lists them.
+    pub verbs: &'static [&'static str],
+    /// Cluster-wide or own namespace.
+    pub scope: Scope,
+}
+
+const fn cluster(
+    group: &'static str,
+    resource: &'static str,
+    verbs: &'static [&'static str],
+) -> ApiAccess {
+    ApiAccess {
+        group,
+        resource,
+        verbs,
+        scope: Scope::Cluster,
+    }
+}
+
+/// Every API call of `ballast operator` (see the module docs for where each is made).
+pub const API_ACCESS: &[ApiAccess] = &[
+    cluster("ballast.dev", "inferenceservices", &["list", "watch"]),
+    cluster("ballast.dev", "inferenceservices/status", &["patch"]),
+    cluster(
+        "apps",
+        "deployments",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    cluster("", "services", &["get", "create", "patch"]),
+    cluster(
+        "policy",
+        "poddisruptionbudgets",
+        &["get", "create", "patch"],
+    ),
+    cluster("", "pods", &["list", "patch"]),
+    cluster("", "pods/status", &["patch"]),
+    cluster("events.k8s.io", "events", &["create", "patch"]),
+    cluster(
+        "monitoring.coreos.com",
+        "servicemonitors",
+        &["get", "create", "patch", "delete"],
+    ),
+    ApiAccess {
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["get", "create", "update"],
+        scope: Scope::OwnNamespace,
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_resource_is_declared_once_with_distinct_verbs() {
+        let mut seen = std::collections::BTreeSet::new();
+        for a in API_ACCESS {
+            assert!(seen.insert((a.group, a.resource)), "{a:?} twice");
+            let verbs: std::collections::BTreeSet<_> = a.verbs.iter().collect();
+            assert_eq!(verbs.len(), a.verbs.len(), "{a:?}");
+            assert!(!a.verbs.is_empty(), "{a:?}");
+        }
+        let own: Vec<_> = API_ACCESS
+            .iter()
+            .filter(|a| a.scope == Scope::OwnNamespace)
+            .map(|a| a.resource)
+            .collect();
+        assert_eq!(own, ["leases"], "only the Lease is namespaced");
+    }
+}
