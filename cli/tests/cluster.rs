@@ -1,17 +1,17 @@
 //! `ballast operator` end to end on a real Kubernetes control plane (kube-apiserver,
 //! kube-controller-manager, kube-scheduler and etcd on loopback; see `e2e/`), with the
 //! process kubelet running engine pods as local processes and a kube-proxy stand-in sending
-//! load to the ready pods. The operator runs as its own process with a ServiceAccount token
-//! bound to exactly the RBAC rules the chart ships.
+//! load to the ready pods. The operator is installed from the rendered Helm chart
+//! (`charts/ballast`): its CRD, RBAC and a two-replica Deployment with leader election,
+//! each pod a process with its ServiceAccount's credentials.
 //!
 //! Skips (saying why) when the control-plane binaries are not installed; set
 //! `BALLAST_REQUIRE_E2E=1` to make that a failure. docs/e2e.md says how to build them.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ballast_e2e::cluster::{ControlPlane, binaries};
@@ -24,54 +24,14 @@ fn ballast() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ballast"))
 }
 
-/// An operator process; killed when dropped.
-struct Operator {
-    child: Child,
+/// One operator pod of the chart's Deployment, run by the process kubelet.
+struct OperatorPod {
+    name: String,
     metrics: String,
+    log: PathBuf,
 }
 
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Operator {
-    fn start(kubeconfig: &Path, identity: &str, log: &Path) -> Operator {
-        let mut child = Command::new(ballast())
-            .args([
-                "operator",
-                "--engine-image",
-                "ballast:e2e",
-                "--metrics-port",
-                "0",
-            ])
-            .args([
-                "--metrics-host",
-                "127.0.0.1",
-                "--lease-namespace",
-                "ballast-system",
-            ])
-            .args(["--lease-seconds", "6", "--identity", identity])
-            .env("KUBECONFIG", kubeconfig)
-            .env("BALLAST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let metrics = line
-            .trim()
-            .strip_prefix("ballast operator metrics listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}; see {}", log.display()))
-            .to_string();
-        Operator { child, metrics }
-    }
-
+impl OperatorPod {
     fn get(&self, path: &str) -> String {
         get(&format!("{}{path}", self.metrics)).unwrap_or_default()
     }
@@ -87,6 +47,50 @@ impl Operator {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
+}
+
+/// The namespace the chart is installed in.
+const OPERATOR_NS: &str = "ballast-system";
+
+/// Values of the chart for this cluster: the process kubelet maps the image's `ballast`
+/// command to the binary under test and gives every pod its own loopback IP, so the
+/// metrics port binds the pod IP; a short Lease makes failover quick.
+const CHART_VALUES: &str = r#"
+image: {repository: ballast, tag: e2e}
+operator:
+  metrics: {host: "$(POD_IP)"}
+  leaderElection: {leaseSeconds: 6}
+  logLevel: info
+"#;
+
+/// The operator pods that run with an IP and are not being deleted.
+fn operator_pods(cp: &ControlPlane, dir: &Path) -> Vec<OperatorPod> {
+    let pods = json(
+        cp,
+        &[
+            "get",
+            "pods",
+            "-n",
+            OPERATOR_NS,
+            "-l",
+            "app.kubernetes.io/component=operator",
+        ],
+    );
+    pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| {
+            let name = p["metadata"]["name"].as_str()?.to_string();
+            let ip = p["status"]["podIP"].as_str()?;
+            Some(OperatorPod {
+                metrics: format!("http://{ip}:8080"),
+                log: dir.join("pods").join(format!("{OPERATOR_NS}_{name}.log")),
+                name,
+            })
+        })
+        .collect()
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` and the operator's log.
@@ -193,27 +197,22 @@ fn the_operator_on_a_real_control_plane() {
         ))
         .unwrap();
 
-    // The CRD, and the operator's ServiceAccount bound to exactly the chart's rules: the
-    // cluster-wide ones in a ClusterRole, the Lease in a Role of its own namespace.
-    let crd = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../crds/inferenceservices.ballast.dev.yaml"
-    );
-    cp.apply(&std::fs::read_to_string(crd).unwrap()).unwrap();
-    let rules = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../charts/ballast/files/operator-rbac-rules.yaml"
-    ))
-    .unwrap();
-    let lease_rules = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../charts/ballast/files/operator-lease-rules.yaml"
-    ))
-    .unwrap();
-    cp.apply(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: ballast-system}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: ballast-operator, namespace: ballast-system}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: ballast-operator}}\nrules:\n{rules}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: ballast-operator}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ballast-operator}}\nsubjects: [{{kind: ServiceAccount, name: ballast-operator, namespace: ballast-system}}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: ballast-operator, namespace: ballast-system}}\nrules:\n{lease_rules}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: ballast-operator, namespace: ballast-system}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: ballast-operator}}\nsubjects: [{{kind: ServiceAccount, name: ballast-operator, namespace: ballast-system}}]\n"
-    ))
-    .unwrap();
+    // The chart, rendered as `helm install ballast charts/ballast -n ballast-system` would
+    // render it: its CRD first, then every template. The API server validates each
+    // object; the Deployment's two operator pods elect a leader.
+    let chart =
+        ballast_chart::Chart::load(concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/ballast"))
+            .unwrap();
+    let rendered = chart
+        .render(
+            &ballast_chart::RenderOptions::new("ballast", OPERATOR_NS)
+                .values_yaml(CHART_VALUES)
+                .unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("the chart does not render: {e}"));
+    for crd in &rendered.crds {
+        cp.apply(&crd.content).unwrap();
+    }
     // The CRD serves a moment after it is created.
     wait_for(
         "the CRD to serve",
@@ -221,19 +220,46 @@ fn the_operator_on_a_real_control_plane() {
         &dir.join("none"),
         || cp.kubectl(&["get", "inferenceservices", "-A"]).ok(),
     );
-    let sa = cp
-        .service_account_kubeconfig("ballast-system", "ballast-operator")
-        .unwrap();
-    let log1 = dir.join("operator-1.log");
-    let op1 = Operator::start(&sa, "op-1", &log1);
-    wait_for("op-1 to lead", Duration::from_secs(30), &log1, || {
-        (op1.get("/readyz") == "leader").then_some(())
-    });
-    let log2 = dir.join("operator-2.log");
-    let op2 = Operator::start(&sa, "op-2", &log2);
-    wait_for("op-2 to stand by", Duration::from_secs(30), &log2, || {
-        (op2.get("/readyz") == "standby").then_some(())
-    });
+    cp.kubectl(&["create", "namespace", OPERATOR_NS]).unwrap();
+    let manifests: Vec<&str> = rendered
+        .documents
+        .iter()
+        .map(|d| d.content.as_str())
+        .collect();
+    cp.apply(&manifests.join("\n---\n"))
+        .unwrap_or_else(|e| panic!("the API server refused the chart: {e}"));
+    let (op1, op2) = wait_for(
+        "one operator pod to lead and the other to stand by",
+        Duration::from_secs(60),
+        &dir.join("none"),
+        || {
+            let mut pods = operator_pods(&cp, &dir);
+            if pods.len() != 2 {
+                return None;
+            }
+            let second = pods.pop()?;
+            let first = pods.pop()?;
+            match (
+                first.get("/readyz").as_str(),
+                second.get("/readyz").as_str(),
+            ) {
+                ("leader", "standby") => Some((first, second)),
+                ("standby", "leader") => Some((second, first)),
+                _ => None,
+            }
+        },
+    );
+    let (log1, log2) = (op1.log.clone(), op2.log.clone());
+    // The Deployment counts both pods ready: /readyz passes on the standby too.
+    wait_for(
+        "the operator Deployment ready",
+        Duration::from_secs(30),
+        &log1,
+        || {
+            let d = json(&cp, &["get", "deployment", "ballast", "-n", OPERATOR_NS]);
+            (d["status"]["readyReplicas"] == 2).then_some(())
+        },
+    );
 
     // 1. apply → Deployment, Service, PDB with owner references; the pod runs; Ready.
     cp.kubectl(&["create", "namespace", "e2e"]).unwrap();
@@ -538,7 +564,7 @@ fn the_operator_on_a_real_control_plane() {
         "nothing built from an invalid spec"
     );
 
-    // 6. The leader killed: the standby takes over within the lease, and does not write
+    // 6. The leader killed: another replica takes over within the lease, and does not write
     // what is already right. "Settled" means the old leader stopped writing too: no write
     // to the service for three periods.
     wait_for("fixed settled", Duration::from_secs(60), &log1, || {
@@ -546,10 +572,29 @@ fn the_operator_on_a_real_control_plane() {
         std::thread::sleep(Duration::from_secs(6));
         (op1.writes("fixed") == before).then_some(())
     });
-    drop(op1);
-    wait_for("op-2 to lead", Duration::from_secs(30), &log2, || {
-        (op2.get("/readyz") == "leader").then_some(())
+    // The leader's pod deleted: the kubelet stops it (SIGTERM), and another pod takes the
+    // Lease: the standby, or the replacement the Deployment starts, whichever asks first.
+    cp.kubectl(&[
+        "delete",
+        "pod",
+        &op1.name,
+        "-n",
+        OPERATOR_NS,
+        "--wait=false",
+    ])
+    .unwrap();
+    let op2 = wait_for("a new leader", Duration::from_secs(30), &log2, || {
+        operator_pods(&cp, &dir)
+            .into_iter()
+            .find(|p| p.name != op1.name && p.get("/readyz") == "leader")
     });
+    let log2 = op2.log.clone();
+    // Never two leaders: the old one stopped.
+    assert!(
+        operator_pods(&cp, &dir)
+            .iter()
+            .all(|p| p.name == op2.name || p.get("/readyz") != "leader")
+    );
     std::thread::sleep(Duration::from_secs(6)); // three periods
     assert_eq!(
         op2.writes("fixed"),
@@ -596,7 +641,11 @@ fn the_operator_on_a_real_control_plane() {
     let events = cp.kubectl(&["get", "events", "-n", "e2e"]).unwrap();
     assert!(events.contains("FollowingSpecReplicas"), "{events}");
     assert!(events.contains("InvalidSpec"), "{events}");
-    drop(op2);
+    let lease = json(
+        &cp,
+        &["get", "lease", "ballast-operator", "-n", OPERATOR_NS],
+    );
+    assert_eq!(lease["spec"]["holderIdentity"], op2.name.as_str());
     drop(_kubelet);
     drop(runtime);
     drop(cp);
