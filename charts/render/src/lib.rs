@@ -42,7 +42,7 @@ pub use chart::{
     Chart, DEFAULT_API_VERSIONS, Document, KUBE_VERSION, RenderOptions, Rendered, merge_values,
     split_documents,
 };
-pub use exec::{MAX_CALL_DEPTH, Templates};
+pub use exec::{MAX_CALL_DEPTH, MAX_RANGE, Templates};
 pub use schema::Schema;
 pub use value::Value;
 pub use yaml::{to_json, to_yaml};
