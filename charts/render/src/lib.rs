@@ -27,6 +27,8 @@
 //! # Ok::<(), ballast_chart::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod chart;
 mod exec;
 mod funcs;
