@@ -13,6 +13,9 @@ use crate::parse::{self, Cmd, List, Node, Operand, Pipe};
 /// template that includes itself ends with an error, not a stack overflow.
 pub const MAX_CALL_DEPTH: usize = 100;
 
+/// The most iterations of a `range` over an integer.
+pub const MAX_RANGE: i64 = 1 << 24;
+
 /// Stack size of the thread a render runs on: deep includes and expressions recurse.
 const STACK: usize = 64 << 20;
 
@@ -219,6 +222,12 @@ impl Exec<'_> {
                                 return Err(self.err(
                                     pipe.line,
                                     "can't use two variables when ranging over an integer",
+                                ));
+                            }
+                            if n > MAX_RANGE {
+                                return Err(self.err(
+                                    pipe.line,
+                                    format!("range over {n}: more than {MAX_RANGE} iterations"),
                                 ));
                             }
                             (0..n.max(0))
@@ -677,9 +686,10 @@ mod tests {
             "can't evaluate field x in type []interface {}"
         );
         assert_eq!(
-            message(fails("{{ range \"s\" }}{{ end }}", dot)),
+            message(fails("{{ range \"s\" }}{{ end }}", dot.clone())),
             "range can't iterate over s"
         );
+        assert!(message(fails("{{ range 100000000000 }}{{ end }}", dot)).contains("iterations"));
     }
 
     #[test]

@@ -12,6 +12,10 @@ use crate::Value;
 use crate::value::go_float;
 use crate::yaml::{to_json, to_yaml};
 
+/// The widest padding `indent`, `nindent` and `printf` widths may ask for: a typo such as
+/// `indent 40000000000` is an error, not an allocation that aborts the process.
+const MAX_WIDTH: i64 = 1 << 20;
+
 /// Whether `name` is a function.
 pub(crate) fn exists(name: &str) -> bool {
     crate::FUNCTIONS.contains(&name)
@@ -204,6 +208,9 @@ pub(crate) fn call(name: &str, mut args: Vec<Value>) -> Result<Value> {
         "indent" | "nindent" => {
             arity(name, a, 2)?;
             let n = int(&a[0])?;
+            if n > MAX_WIDTH {
+                return call_err(format!("indentation {n} is wider than {MAX_WIDTH}"));
+            }
             let pad = " ".repeat(usize::try_from(n).unwrap_or(0));
             let body = format!("{pad}{}", string(&a[1])?.replace('\n', &format!("\n{pad}")));
             Value::Str(if name == "nindent" {
@@ -459,7 +466,7 @@ pub(crate) fn sprintf(format: &str, args: &[Value]) -> String {
         if let (Some(p), 's') = (precision, verb) {
             s = s.chars().take(p).collect();
         }
-        let w: usize = width.parse().unwrap_or(0);
+        let w: usize = width.parse().unwrap_or(0).min(MAX_WIDTH as usize);
         let len = s.chars().count();
         if len < w {
             let pad = w - len;
@@ -658,6 +665,8 @@ mod tests {
             err("indent", vec![v(json!("2")), v(json!("x"))]),
             "wrong type for value; expected int; got string"
         );
+        assert!(err("indent", vec![v(json!(1i64 << 40)), v(json!("x"))]).contains("wider than"));
+        assert_eq!(sprintf("%99999999999d", &[v(json!(1))]).len(), 1 << 20);
         assert_eq!(ok("trim", vec![v(json!("  a b \n"))]), v(json!("a b")));
         assert_eq!(
             ok("trunc", vec![v(json!(3)), v(json!("abcdef"))]),

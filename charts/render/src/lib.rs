@@ -27,6 +27,8 @@
 //! # Ok::<(), ballast_chart::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod chart;
 mod exec;
 mod funcs;
@@ -42,7 +44,7 @@ pub use chart::{
     Chart, DEFAULT_API_VERSIONS, Document, KUBE_VERSION, RenderOptions, Rendered, merge_values,
     split_documents,
 };
-pub use exec::{MAX_CALL_DEPTH, Templates};
+pub use exec::{MAX_CALL_DEPTH, MAX_RANGE, Templates};
 pub use schema::Schema;
 pub use value::Value;
 pub use yaml::{to_json, to_yaml};
