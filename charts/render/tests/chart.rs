@@ -23,9 +23,11 @@ fn the_crd_is_the_generated_one() {
 }
 
 #[test]
-fn defaults_render_the_operator_and_its_rbac_only() {
+fn defaults_render_the_operator_its_rbac_and_dashboards_only() {
     let r = render(&chart(), &options());
-    let want: Vec<(String, String)> = [
+    let dashboards = dashboard_config_maps();
+    assert_eq!(dashboards.len(), 5, "{dashboards:?}");
+    let mut want: Vec<(String, String)> = [
         ("ClusterRole", "ballast"),
         ("ClusterRoleBinding", "ballast"),
         ("Deployment", "ballast"),
@@ -37,10 +39,12 @@ fn defaults_render_the_operator_and_its_rbac_only() {
     .iter()
     .map(|(k, n)| (k.to_string(), n.to_string()))
     .collect();
+    want.extend(dashboards.into_iter().map(|n| ("ConfigMap".to_string(), n)));
+    want.sort();
     assert_eq!(
         kinds(&r),
         want,
-        "no monitoring API, no dashboards: nothing else"
+        "no monitoring API: the operator, its RBAC and the dashboards, nothing else"
     );
     check_types(&r);
     for o in objects(&r) {
@@ -283,6 +287,10 @@ fn other_values_change_what_renders() {
         json!({"matchNames": ["ops"]})
     );
     assert_eq!(op_sm["spec"]["endpoints"][0]["interval"], "15s");
+    assert_eq!(
+        op_sm["spec"]["endpoints"][0]["honorLabels"], true,
+        "the operator's namespace label is the InferenceService's"
+    );
     let engines = sms
         .iter()
         .find(|s| s["metadata"]["name"] == "prod-ballast-engines")
@@ -501,4 +509,38 @@ fn values_can_come_as_yaml() {
     let r = render(&chart(), &o);
     assert_eq!(one(&r, "Deployment")["spec"]["replicas"], 3);
     assert!(args(&r).contains(&"--metrics-port=8181".to_string()));
+}
+
+#[test]
+fn the_chart_ships_the_real_alerts_and_dashboards() {
+    let r = render(&chart(), &options().api_version("monitoring.coreos.com/v1"));
+    check_types(&r);
+    let rule = &r.of_kind("PrometheusRule").unwrap()[0];
+    let file = chart_dir().join("files/alerts.yaml");
+    let want: Json = serde_saphyr::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    assert_eq!(rule["spec"]["groups"], want["groups"]);
+    let alerts: usize = want["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["rules"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert!(alerts >= 7, "{alerts} alerts");
+    for name in dashboard_config_maps() {
+        let cms = r.of_kind("ConfigMap").unwrap();
+        let cm = cms
+            .iter()
+            .find(|c| c["metadata"]["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("no ConfigMap {name}"));
+        let (key, text) = cm["data"].as_object().unwrap().iter().next().unwrap();
+        let on_disk =
+            std::fs::read_to_string(chart_dir().join("files/dashboards").join(key)).unwrap();
+        assert_eq!(text.as_str().unwrap(), on_disk.trim_end(), "{key}");
+        let dashboard: Json = serde_json::from_str(text.as_str().unwrap()).unwrap();
+        assert!(
+            dashboard["panels"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty())
+        );
+    }
 }

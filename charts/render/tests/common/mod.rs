@@ -19,6 +19,23 @@ pub fn chart() -> Chart {
     Chart::load(chart_dir()).unwrap_or_else(|e| panic!("the chart loads: {e}"))
 }
 
+/// The names of the ConfigMaps of the chart's own dashboards (`files/dashboards/*.json`)
+/// for release `ballast`.
+pub fn dashboard_config_maps() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(chart_dir().join("files/dashboards"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_str()?.strip_suffix(".json")?.to_string();
+                    Some(format!("ballast-dashboard-{name}"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
 /// Release `ballast` in `ballast-system`.
 pub fn options() -> RenderOptions {
     RenderOptions::new("ballast", "ballast-system")
@@ -104,6 +121,13 @@ impl ChartCopy {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         copy_dir(&chart_dir(), &dir);
+        // Dashboards given here replace the chart's own, so counts are the test's.
+        if files
+            .iter()
+            .any(|(p, _)| p.starts_with("files/dashboards/"))
+        {
+            let _ = std::fs::remove_dir_all(dir.join("files/dashboards"));
+        }
         for (path, content) in files {
             let p = dir.join(path);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -242,7 +266,7 @@ pub fn check_service_monitor(doc: &Json) {
         let e = e.as_object().unwrap();
         for k in e.keys() {
             assert!(
-                ["port", "path", "interval", "scrapeTimeout"].contains(&k.as_str()),
+                ["port", "path", "interval", "scrapeTimeout", "honorLabels"].contains(&k.as_str()),
                 "unexpected endpoint field {k}"
             );
         }
