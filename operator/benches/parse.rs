@@ -12,8 +12,8 @@
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
-use ballast_operator::scrape::dialect::adapt;
-use ballast_operator::scrape::parser::parse;
+use ballast_operator::scrape::dialect::{adapt, reads};
+use ballast_operator::scrape::parser::{Limits, parse, parse_selected};
 use ballast_operator::signals::Dialect;
 use ballast_rng::SplitMix64;
 
@@ -47,6 +47,35 @@ fn main() {
         "ballast parser (Rust): {:.1} MB/s (median of {REPS} parses, {:.2} ms each)",
         text.len() as f64 / 1e6 / median.as_secs_f64(),
         median.as_secs_f64() * 1e3
+    );
+
+    // What a scrape does: parse only the families the vLLM adapter reads.
+    let keep = |name: &str| reads(Dialect::Vllm, name);
+    let mut selective: Vec<Duration> = (0..REPS)
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(parse_selected(
+                std::hint::black_box(&text),
+                &Limits::default(),
+                &keep,
+            ));
+            start.elapsed()
+        })
+        .collect();
+    selective.sort();
+    let selective_median = selective[REPS / 2];
+    let selected = parse_selected(&text, &Limits::default(), &keep);
+    assert_eq!(
+        adapt(Dialect::Vllm, &selected),
+        adapt(Dialect::Vllm, &parsed)
+    );
+    println!(
+        "selective parse (vLLM adapter's families, {} of {} samples): {:.1} MB/s ({:.2} ms), {:.1}x the full parse",
+        selected.samples.len(),
+        parsed.samples.len(),
+        text.len() as f64 / 1e6 / selective_median.as_secs_f64(),
+        selective_median.as_secs_f64() * 1e3,
+        median.as_secs_f64() / selective_median.as_secs_f64()
     );
 
     let start = Instant::now();

@@ -9,19 +9,92 @@
 
 use std::collections::BTreeSet;
 
-use ballast_operator::scrape::dialect::adapt;
-use ballast_operator::scrape::parser::{MetricType, parse};
+use ballast_operator::scrape::dialect::{adapt, reads};
+use ballast_operator::scrape::parser::{Limits, MetricType, parse, parse_selected};
 use ballast_operator::signals::{CounterSeries, Dialect, Family, ReplicaSample};
 
 const INF: f64 = f64::INFINITY;
 
+/// The fixture read in `dialect`, by the full parser; the selective parse (what a scrape
+/// does) must give the very same sample.
 fn sample(dialect: Dialect, file: &str) -> ReplicaSample {
     let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).expect("fixture");
     let exposition = parse(&text);
     assert_eq!(exposition.errors(), 0, "{file} has malformed lines");
     assert!(!exposition.truncated, "{file}");
-    adapt(dialect, &exposition)
+    let full = adapt(dialect, &exposition);
+    let selected = parse_selected(&text, &Limits::default(), &|n| reads(dialect, n));
+    assert_eq!(adapt(dialect, &selected), full, "{file} read selectively");
+    full
+}
+
+const FIXTURES: [&str; 5] = [
+    "ballast_dp2_idle.prom",
+    "ballast_dp2_loaded.prom",
+    "vllm_v1_dp2.prom",
+    "vllm_v0_single.prom",
+    "sglang_dp4.prom",
+];
+
+#[test]
+fn the_selective_parse_keeps_exactly_the_read_families_of_every_fixture() {
+    for file in FIXTURES {
+        let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).expect("fixture");
+        let full = parse(&text);
+        for dialect in [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang] {
+            let keep = |n: &str| reads(dialect, n);
+            let selected = parse_selected(&text, &Limits::default(), &keep);
+            let want: Vec<_> = full
+                .samples
+                .iter()
+                .filter(|s| keep(&s.name))
+                .cloned()
+                .collect();
+            assert_eq!(selected.samples, want, "{file} in {dialect:?}");
+            let types: std::collections::HashMap<_, _> = full
+                .types
+                .iter()
+                .filter(|(n, _)| keep(n))
+                .map(|(n, t)| (n.clone(), *t))
+                .collect();
+            assert_eq!(selected.types, types, "{file} in {dialect:?}");
+            // And whole samples agree, in the fixture's own dialect or not.
+            assert_eq!(adapt(dialect, &selected), adapt(dialect, &full));
+        }
+        // A real exposition is mostly families no decision reads.
+        let kept = parse_selected(&text, &Limits::default(), &|n| {
+            [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang]
+                .iter()
+                .any(|d| reads(*d, n))
+        });
+        assert!(
+            kept.samples.len() < full.samples.len(),
+            "{file}: {} of {}",
+            kept.samples.len(),
+            full.samples.len()
+        );
+    }
+}
+
+#[test]
+fn a_malformed_skipped_family_costs_nothing_and_a_malformed_read_one_counts() {
+    let text = "ballast_num_requests_running{engine=\"0\"} 3\n\
+                ballast_other_family{oops 1\n\
+                # TYPE ballast_other_family bogus\n\
+                ballast_kv_cache_usage_ratio{engine=\"0\"} NaN\n";
+    let keep = |n: &str| reads(Dialect::Ballast, n);
+    let selected = parse_selected(text, &Limits::default(), &keep);
+    assert_eq!(
+        selected.rejected_lines, 1,
+        "only the read family's bad line"
+    );
+    assert_eq!(selected.samples.len(), 1);
+    assert_eq!(parse(text).rejected_lines, 3);
+    let s = adapt(Dialect::Ballast, &selected);
+    assert_eq!(s.running, Some(3.0));
+    assert_eq!(s.kv_usage, None);
 }
 
 /// A counter's series by their label sets.

@@ -65,6 +65,49 @@ pub fn adapt(dialect: Dialect, exp: &Exposition) -> ReplicaSample {
     }
 }
 
+/// The names each dialect's adapter reads: a sample or `# TYPE` name is read when it is one
+/// of these, or one of these followed by `_bucket`, `_sum` or `_count`.
+fn read_names(dialect: Dialect) -> &'static [&'static str] {
+    match dialect {
+        Dialect::Ballast => &[
+            "ballast_num_requests_waiting_by_reason",
+            "ballast_num_requests_running",
+            "ballast_kv_cache_usage_ratio",
+            "ballast_admission_rejections_total",
+            "ballast_time_to_first_token_seconds",
+            "ballast_dp_tokens_total",
+            "ballast_dp_token_imbalance_ratio",
+        ],
+        Dialect::Vllm => &[
+            "vllm:num_requests_waiting_by_reason",
+            "vllm:num_requests_waiting",
+            "vllm:num_requests_running",
+            "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc",
+            "vllm:admission_rejections_total",
+            "vllm:time_to_first_token_seconds",
+            "vllm:iteration_tokens_total",
+        ],
+        Dialect::Sglang => &[
+            "sglang:num_running_reqs",
+            "sglang:num_queue_reqs",
+            "sglang:token_usage",
+            "sglang:time_to_first_token_seconds",
+            "sglang:realtime_tokens_total",
+            "sglang:dp_attention_token_imbalance_ratio",
+        ],
+    }
+}
+
+/// Whether [`adapt`] for `dialect` reads the series or family `name`: what a scrape keeps
+/// when it parses selectively ([`parser::parse_selected`](super::parser::parse_selected)).
+pub fn reads(dialect: Dialect, name: &str) -> bool {
+    read_names(dialect).iter().any(|family| {
+        name.strip_prefix(family)
+            .is_some_and(|rest| matches!(rest, "" | "_bucket" | "_sum" | "_count"))
+    })
+}
+
 /// Whether a sample carries anything at all: an exposition that yields nothing of its
 /// dialect (garbage, the wrong engine, an empty body) is not a usable scrape.
 pub fn is_usable(s: &ReplicaSample) -> bool {

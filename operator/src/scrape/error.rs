@@ -25,10 +25,11 @@ pub enum ScrapeError {
     },
     /// The body held no usable sample of the engine's dialect at all.
     #[error(
-        "no usable sample in the body ({samples} samples parsed, {errors} malformed lines or ambiguous series)"
+        "no usable sample in the body ({samples} samples of the dialect's families parsed, {errors} malformed lines or ambiguous series)"
     )]
     Parse {
-        /// Samples the parser accepted (of other series, or unusable values).
+        /// Samples of the families the dialect reads that the parser accepted (with
+        /// unusable values); other families are not parsed.
         samples: usize,
         /// Rejected lines plus ambiguous series.
         errors: usize,

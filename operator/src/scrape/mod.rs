@@ -202,7 +202,9 @@ impl Scraper {
         let work = tokio::task::spawn_blocking(move || {
             // Invalid UTF-8 only spoils the lines it is in.
             let text = String::from_utf8_lossy(&body);
-            let exposition = parser::parse_with(&text, &limits);
+            // Only the families the dialect reads are parsed into samples.
+            let exposition =
+                parser::parse_selected(&text, &limits, &|name| dialect::reads(dialect, name));
             let sample = dialect::adapt(dialect, &exposition);
             (sample, exposition.samples.len(), exposition.errors())
         });

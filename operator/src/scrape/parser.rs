@@ -161,6 +161,37 @@ pub fn parse(text: &str) -> Exposition {
 
 /// Parses `text` with explicit `limits`. See the module docs for the rules.
 pub fn parse_with(text: &str, limits: &Limits) -> Exposition {
+    parse_lines(text, limits, &|_| true)
+}
+
+/// Parses only the series and `# TYPE`/`# HELP` lines whose metric name `keep` accepts.
+/// Any other line is skipped once its name is scanned: no sample is built, nothing is
+/// copied, and a malformed line of a skipped family is not counted. For what it keeps,
+/// the result is exactly [`parse_with`]'s (a line whose name cannot be scanned is
+/// rejected, as it is there); only `max_samples` counts kept samples alone.
+pub fn parse_selected(text: &str, limits: &Limits, keep: &dyn Fn(&str) -> bool) -> Exposition {
+    parse_lines(text, limits, keep)
+}
+
+/// The metric name a line starting at `start` is about: a sample's name, or the name a
+/// `# TYPE` or `# HELP` line declares. `None` for other comments and unreadable names.
+fn line_name(line: &str, start: usize) -> Option<&str> {
+    let b = line.as_bytes();
+    if b[start] != b'#' {
+        let end = scan_metric_name(b, start)?;
+        return Some(&line[start..end]);
+    }
+    let i = skip_blank(b, start + 1);
+    let kw_end = scan_token(b, i);
+    if !matches!(&line[i..kw_end], "TYPE" | "HELP") {
+        return None;
+    }
+    let n = skip_blank(b, kw_end);
+    let end = scan_metric_name(b, n)?;
+    Some(&line[n..end])
+}
+
+fn parse_lines(text: &str, limits: &Limits, keep: &dyn Fn(&str) -> bool) -> Exposition {
     let mut out = Exposition::default();
     let mut rest = text;
     while !rest.is_empty() {
@@ -182,6 +213,11 @@ pub fn parse_with(text: &str, limits: &Limits) -> Exposition {
                 out.truncated = true;
             }
             break;
+        }
+        // Skipped families cost a name scan (bounded by the line, which is in memory).
+        let lead = skip_blank(line.as_bytes(), 0);
+        if lead < line.len() && line_name(line, lead).is_some_and(|name| !keep(name)) {
+            continue;
         }
         if line.len() > limits.max_line_bytes {
             out.rejected_lines += 1;

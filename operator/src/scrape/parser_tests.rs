@@ -252,6 +252,21 @@ fn check(input: &str) {
     }
     assert!(small.samples.len() <= 4);
     assert!(small.samples.iter().all(|s| s.labels.len() <= 2));
+    // The selective parse keeps exactly the full parse's samples and types of the names
+    // it accepts, and rejects no more lines.
+    let keep = |n: &str| n == "m" || n.starts_with("vllm:");
+    let selected = parse_selected(input, &Limits::default(), &keep);
+    let want: Vec<&Sample> = e.samples.iter().filter(|s| keep(&s.name)).collect();
+    assert_eq!(selected.samples.iter().collect::<Vec<_>>(), want);
+    assert!(selected.types.keys().all(|n| keep(n)));
+    assert!(
+        e.types
+            .iter()
+            .filter(|(n, _)| keep(n))
+            .all(|(n, t)| selected.types.get(n) == Some(t))
+    );
+    assert!(selected.rejected_lines <= e.rejected_lines);
+    assert_eq!(selected.truncated, e.truncated);
 }
 
 /// Lines built from the format's own pieces, so the property test reaches deep into the
