@@ -3,91 +3,24 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::get;
+use common::local::Local;
 use serde_json::Value;
 
 /// These tests measure the control loop's timing; running them one at a time keeps a
 /// 2-core machine from starving one of them.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-struct Local {
-    child: Child,
-    router: String,
-    admin: String,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        // SIGTERM drains and stops the replicas; kill only if that takes too long.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn ballast() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ballast"))
 }
 
 fn start(yaml: &str) -> Local {
-    let dir = std::env::temp_dir().join(format!(
-        "ballast-local-test-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("fleet.yaml");
-    std::fs::write(&file, yaml).unwrap();
-    let mut child = ballast()
-        .args([
-            "local",
-            "--port",
-            "0",
-            "--admin-port",
-            "0",
-            "--view",
-            "none",
-            "--log-dir",
-        ])
-        .arg(dir.join("logs"))
-        .arg(&file)
-        .env("BALLAST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("local.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let router = lines.next().unwrap().unwrap();
-    let admin = lines.next().unwrap().unwrap();
-    std::thread::spawn(move || for _ in lines {});
-    Local {
-        child,
-        router: router
-            .strip_prefix("ballast local router listening on ")
-            .unwrap()
-            .to_string(),
-        admin: admin
-            .strip_prefix("ballast local admin listening on ")
-            .unwrap()
-            .to_string(),
-        dir,
-    }
+    Local::start("local-test", yaml)
 }
 
 fn rand_suffix() -> u128 {

@@ -10,13 +10,14 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::get;
+use common::local::{Local, temp_dir};
 use serde_json::Value;
 
 const RUNBOOKS_URL: &str = "https://github.com/ballast-dev/ballast/blob/main/docs/runbooks.md";
@@ -70,16 +71,6 @@ fn have(tool: &str) -> bool {
             false
         }
     }
-}
-
-fn temp_dir(what: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("ballast-{what}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 // ---------------------------------------------------------------------------------------
@@ -717,74 +708,7 @@ fn evaluate(prom: &Prometheus, checks: &[Check], finite: bool, deadline: Instant
 // A live Ballast fleet
 // ---------------------------------------------------------------------------------------
 
-/// `ballast local` on loopback ports, stopped (SIGTERM, then SIGKILL) on drop.
-struct Local {
-    child: Child,
-    router: String,
-    admin: String,
-    dir: PathBuf,
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 impl Local {
-    fn start(yaml: &str) -> Local {
-        let dir = temp_dir("observability");
-        let file = dir.join("fleet.yaml");
-        std::fs::write(&file, yaml).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-            .args([
-                "local",
-                "--port",
-                "0",
-                "--admin-port",
-                "0",
-                "--view",
-                "none",
-            ])
-            .arg("--log-dir")
-            .arg(dir.join("logs"))
-            .arg(&file)
-            .env("BALLAST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(dir.join("local.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut line = || lines.next().unwrap().unwrap();
-        let router = line();
-        let admin = line();
-        std::thread::spawn(move || for _ in lines {});
-        Local {
-            child,
-            router: router
-                .strip_prefix("ballast local router listening on ")
-                .unwrap()
-                .to_string(),
-            admin: admin
-                .strip_prefix("ballast local admin listening on ")
-                .unwrap()
-                .to_string(),
-            dir,
-        }
-    }
-
     fn wait_ready(&self, services: &[&str]) {
         let deadline = Instant::now() + Duration::from_secs(40);
         loop {
@@ -842,7 +766,7 @@ fn ballast_dashboards_have_data_from_a_live_fleet_in_prometheus() {
         return;
     }
     let started = Instant::now();
-    let local = Local::start(FLEET);
+    let local = Local::start("observability", FLEET);
     let admin = local.admin.trim_start_matches("http://").to_string();
     let prom = Prometheus::start(&format!(
         r#"

@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+pub mod local;
+
 /// `GET url` with curl (5 s limit): the body of any HTTP answer, `None` when none came.
 pub fn get(url: &str) -> Option<String> {
     let out = Command::new("curl")
