@@ -24,7 +24,7 @@ fn sample(dialect: Dialect, file: &str) -> ReplicaSample {
     assert_eq!(exposition.errors(), 0, "{file} has malformed lines");
     assert!(!exposition.truncated, "{file}");
     let full = adapt(dialect, &exposition);
-    let selected = parse_selected(&text, &Limits::default(), &|n| reads(dialect, n));
+    let selected = parse_selected(text.as_bytes(), &Limits::default(), &|n| reads(dialect, n));
     assert_eq!(adapt(dialect, &selected), full, "{file} read selectively");
     full
 }
@@ -45,11 +45,11 @@ fn the_selective_parse_keeps_exactly_the_read_families_of_every_fixture() {
         let full = parse(&text);
         for dialect in [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang] {
             let keep = |n: &str| reads(dialect, n);
-            let selected = parse_selected(&text, &Limits::default(), &keep);
+            let selected = parse_selected(text.as_bytes(), &Limits::default(), &keep);
             let want: Vec<_> = full
                 .samples
                 .iter()
-                .filter(|s| keep(&s.name))
+                .filter(|s| keep(s.name))
                 .cloned()
                 .collect();
             assert_eq!(selected.samples, want, "{file} in {dialect:?}");
@@ -57,14 +57,14 @@ fn the_selective_parse_keeps_exactly_the_read_families_of_every_fixture() {
                 .types
                 .iter()
                 .filter(|(n, _)| keep(n))
-                .map(|(n, t)| (n.clone(), *t))
+                .map(|(n, t)| (*n, *t))
                 .collect();
             assert_eq!(selected.types, types, "{file} in {dialect:?}");
             // And whole samples agree, in the fixture's own dialect or not.
             assert_eq!(adapt(dialect, &selected), adapt(dialect, &full));
         }
         // A real exposition is mostly families no decision reads.
-        let kept = parse_selected(&text, &Limits::default(), &|n| {
+        let kept = parse_selected(text.as_bytes(), &Limits::default(), &|n| {
             [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang]
                 .iter()
                 .any(|d| reads(*d, n))
@@ -85,7 +85,7 @@ fn a_malformed_skipped_family_costs_nothing_and_a_malformed_read_one_counts() {
                 # TYPE ballast_other_family bogus\n\
                 ballast_kv_cache_usage_ratio{engine=\"0\"} NaN\n";
     let keep = |n: &str| reads(Dialect::Ballast, n);
-    let selected = parse_selected(text, &Limits::default(), &keep);
+    let selected = parse_selected(text.as_bytes(), &Limits::default(), &keep);
     assert_eq!(
         selected.rejected_lines, 1,
         "only the read family's bad line"

@@ -10,6 +10,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::StatusCode;
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use ballast_operator::scrape::{ScrapeConfig, ScrapeError, Scraper, Target, Tracker};
 use ballast_operator::signals::Dialect;
 
@@ -267,4 +268,75 @@ async fn concurrency_bound_is_respected() {
     let fleet = Tracker::new().observe_outcomes(Instant::now(), &outcomes, 0);
     assert_eq!(fleet.reporting(), 12);
     assert_eq!(fleet.capacity_waiting, Some(12.0));
+}
+
+#[tokio::test]
+async fn a_slow_replica_holds_only_its_own_slot() {
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = served.clone();
+    let base = serve(
+        Router::new()
+            .route(
+                "/slow/metrics",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    BODY
+                }),
+            )
+            .route(
+                "/metrics",
+                get(move || {
+                    let log = log.clone();
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        log.lock().unwrap().push(Instant::now());
+                        BODY
+                    }
+                }),
+            ),
+    )
+    .await;
+    // The slow one first, 2 slots: the 20 others go through the free slot one after the
+    // other (about 1 s). Were outcomes collected in order, the finished ones would keep
+    // their slot until the slow one is done, and most would be served after 1.5 s.
+    let mut targets = vec![Target::new("slow", format!("{base}/slow"))];
+    targets.extend((0..20).map(|i| Target::new(format!("r{i}"), base.clone())));
+    let start = Instant::now();
+    let outcomes = scraper(5000, 1 << 20, 2)
+        .scrape(Dialect::Ballast, &targets)
+        .await;
+    assert!(outcomes.iter().all(|o| o.result.is_ok()));
+    assert_eq!(outcomes[0].target, "slow");
+    assert!(outcomes[0].duration >= Duration::from_millis(1500));
+    let served = served.lock().unwrap();
+    assert_eq!(served.len(), 20);
+    let last = served.iter().max().unwrap().duration_since(start);
+    assert!(
+        last < Duration::from_millis(1400),
+        "last fast one served at {last:?}"
+    );
+}
+
+#[tokio::test]
+async fn scrapes_reuse_their_connections() {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = Router::new().route("/metrics", get(|| async { BODY }));
+    let counter = accepted.clone();
+    let listener = listener.tap_io(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let scraper = scraper(2000, 1 << 20, 1);
+    let targets = [Target::new("r", base)];
+    for _ in 0..5 {
+        let outcomes = scraper.scrape(Dialect::Ballast, &targets).await;
+        assert!(outcomes[0].result.is_ok());
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one keep-alive connection"
+    );
 }

@@ -3,8 +3,8 @@
 
 #![no_main]
 
-use ballast_operator::scrape::dialect::adapt;
-use ballast_operator::scrape::parser::{Limits, parse, parse_with};
+use ballast_operator::scrape::dialect::{adapt, reads};
+use ballast_operator::scrape::parser::{Limits, parse, parse_selected, parse_with};
 use ballast_operator::signals::Dialect;
 use libfuzzer_sys::fuzz_target;
 
@@ -15,7 +15,17 @@ fuzz_target!(|data: &[u8]| {
         max_labels: 4,
         max_samples: 16,
     };
-    for exposition in [parse(&text), parse_with(&text, &small)] {
+    // What a scrape does, on the raw bytes: for the names it keeps, exactly the full
+    // parse of the lossy text (lines here are far below the default line limit).
+    let full = parse(&text);
+    for dialect in [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang] {
+        let keep = |n: &str| reads(dialect, n);
+        let selected = parse_selected(data, &Limits::default(), &keep);
+        let want: Vec<_> = full.samples.iter().filter(|s| keep(s.name)).collect();
+        assert_eq!(selected.samples.iter().collect::<Vec<_>>(), want);
+        assert_eq!(adapt(dialect, &selected), adapt(dialect, &full));
+    }
+    for exposition in [full, parse_with(&text, &small)] {
         for s in &exposition.samples {
             assert!(s.value.is_finite());
             assert!(s.labels.windows(2).all(|w| w[0].0 < w[1].0));

@@ -57,7 +57,7 @@ use crate::signals::{CounterSeries, Dialect, Family, ReplicaSample};
 const MAX_RANKS: usize = 4096;
 
 /// Turns one parsed exposition into a dialect-independent sample.
-pub fn adapt(dialect: Dialect, exp: &Exposition) -> ReplicaSample {
+pub fn adapt(dialect: Dialect, exp: &Exposition<'_>) -> ReplicaSample {
     match dialect {
         Dialect::Ballast => ballast(exp),
         Dialect::Vllm => vllm(exp),
@@ -65,36 +65,46 @@ pub fn adapt(dialect: Dialect, exp: &Exposition) -> ReplicaSample {
     }
 }
 
-/// The names each dialect's adapter reads: a sample or `# TYPE` name is read when it is one
-/// of these, or one of these followed by `_bucket`, `_sum` or `_count`.
-fn read_names(dialect: Dialect) -> &'static [&'static str] {
+/// A family's whole set of names: the family itself (its samples and `# TYPE` line) and
+/// its histogram series. What [`Exposition::carries`] looks at, so a family whose presence
+/// is reported is always read whole.
+const WHOLE: &[&str] = &["", "_bucket", "_sum", "_count"];
+/// Only a histogram's `_sum` and `_count`.
+const SUM_COUNT: &[&str] = &["_sum", "_count"];
+/// Only a histogram's `_sum`.
+const SUM: &[&str] = &["_sum"];
+
+/// The families each dialect's adapter reads, with the suffixes of the names it reads.
+fn read_names(dialect: Dialect) -> &'static [(&'static str, &'static [&'static str])] {
     match dialect {
         Dialect::Ballast => &[
-            "ballast_num_requests_waiting_by_reason",
-            "ballast_num_requests_running",
-            "ballast_kv_cache_usage_ratio",
-            "ballast_admission_rejections_total",
-            "ballast_time_to_first_token_seconds",
-            "ballast_dp_tokens_total",
-            "ballast_dp_token_imbalance_ratio",
+            ("ballast_num_requests_waiting_by_reason", WHOLE),
+            ("ballast_num_requests_running", WHOLE),
+            ("ballast_kv_cache_usage_ratio", WHOLE),
+            ("ballast_admission_rejections_total", WHOLE),
+            ("ballast_time_to_first_token_seconds", WHOLE),
+            ("ballast_dp_tokens_total", WHOLE),
+            ("ballast_dp_token_imbalance_ratio", SUM_COUNT),
         ],
         Dialect::Vllm => &[
-            "vllm:num_requests_waiting_by_reason",
-            "vllm:num_requests_waiting",
-            "vllm:num_requests_running",
-            "vllm:kv_cache_usage_perc",
-            "vllm:gpu_cache_usage_perc",
-            "vllm:admission_rejections_total",
-            "vllm:time_to_first_token_seconds",
-            "vllm:iteration_tokens_total",
+            ("vllm:num_requests_waiting_by_reason", WHOLE),
+            ("vllm:num_requests_waiting", WHOLE),
+            ("vllm:num_requests_running", WHOLE),
+            ("vllm:kv_cache_usage_perc", WHOLE),
+            ("vllm:gpu_cache_usage_perc", WHOLE),
+            ("vllm:admission_rejections_total", WHOLE),
+            ("vllm:time_to_first_token_seconds", WHOLE),
+            // Only its per-engine sum (tokens scheduled); the buckets are most of the
+            // exposition's samples after TTFT's.
+            ("vllm:iteration_tokens_total", SUM),
         ],
         Dialect::Sglang => &[
-            "sglang:num_running_reqs",
-            "sglang:num_queue_reqs",
-            "sglang:token_usage",
-            "sglang:time_to_first_token_seconds",
-            "sglang:realtime_tokens_total",
-            "sglang:dp_attention_token_imbalance_ratio",
+            ("sglang:num_running_reqs", WHOLE),
+            ("sglang:num_queue_reqs", WHOLE),
+            ("sglang:token_usage", WHOLE),
+            ("sglang:time_to_first_token_seconds", WHOLE),
+            ("sglang:realtime_tokens_total", WHOLE),
+            ("sglang:dp_attention_token_imbalance_ratio", SUM_COUNT),
         ],
     }
 }
@@ -102,9 +112,9 @@ fn read_names(dialect: Dialect) -> &'static [&'static str] {
 /// Whether [`adapt`] for `dialect` reads the series or family `name`: what a scrape keeps
 /// when it parses selectively ([`parser::parse_selected`](super::parser::parse_selected)).
 pub fn reads(dialect: Dialect, name: &str) -> bool {
-    read_names(dialect).iter().any(|family| {
+    read_names(dialect).iter().any(|(family, suffixes)| {
         name.strip_prefix(family)
-            .is_some_and(|rest| matches!(rest, "" | "_bucket" | "_sum" | "_count"))
+            .is_some_and(|rest| suffixes.contains(&rest))
     })
 }
 
@@ -121,7 +131,7 @@ pub fn is_usable(s: &ReplicaSample) -> bool {
         || s.dp_imbalance.is_some()
 }
 
-fn ballast(exp: &Exposition) -> ReplicaSample {
+fn ballast(exp: &Exposition<'_>) -> ReplicaSample {
     const WAITING: &str = "ballast_num_requests_waiting_by_reason";
     const KV: &str = "ballast_kv_cache_usage_ratio";
     const REJECTIONS: &str = "ballast_admission_rejections_total";
@@ -160,7 +170,7 @@ fn ballast(exp: &Exposition) -> ReplicaSample {
     }
 }
 
-fn vllm(exp: &Exposition) -> ReplicaSample {
+fn vllm(exp: &Exposition<'_>) -> ReplicaSample {
     const BY_REASON: &str = "vllm:num_requests_waiting_by_reason";
     const REJECTIONS: &str = "vllm:admission_rejections_total";
     let (waiting_capacity, waiting_deferred) = if exp.has(BY_REASON) {
@@ -204,7 +214,7 @@ fn vllm(exp: &Exposition) -> ReplicaSample {
     }
 }
 
-fn sglang(exp: &Exposition) -> ReplicaSample {
+fn sglang(exp: &Exposition<'_>) -> ReplicaSample {
     let by_rank = |name: &'static str| fold_by_rank(exp.named(name), &[]);
     let counts = |name| by_rank(name).map(|r| r.values().sum::<f64>());
     let computed: Option<BTreeMap<Option<usize>, f64>> = fold_by_rank(
@@ -239,7 +249,7 @@ fn sglang(exp: &Exposition) -> ReplicaSample {
 }
 
 /// The signal families `exp` carries, each known by any of its dialect's family names.
-fn families(exp: &Exposition, names: &[(Family, &[&str])]) -> BTreeSet<Family> {
+fn families(exp: &Exposition<'_>, names: &[(Family, &[&str])]) -> BTreeSet<Family> {
     names
         .iter()
         .filter(|(_, names)| names.iter().any(|n| exp.carries(n)))
@@ -249,7 +259,7 @@ fn families(exp: &Exposition, names: &[(Family, &[&str])]) -> BTreeSet<Family> {
 
 /// A counter family per series, keyed by the series' labels: `None` when the family is not
 /// carried, or when any value is negative. Empty when it is only declared.
-fn counter_series(exp: &Exposition, family: &str) -> Option<CounterSeries> {
+fn counter_series(exp: &Exposition<'_>, family: &str) -> Option<CounterSeries> {
     if !exp.carries(family) {
         return None;
     }
@@ -267,7 +277,7 @@ fn counter_series(exp: &Exposition, family: &str) -> Option<CounterSeries> {
 }
 
 /// Σ of values that must be counts: `None` when there are none, or when any is negative.
-fn sum_counts<'a>(samples: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+fn sum_counts<'a>(samples: impl Iterator<Item = &'a Sample<'a>>) -> Option<f64> {
     let mut sum = None;
     for s in samples {
         if s.value < 0.0 {
@@ -280,7 +290,7 @@ fn sum_counts<'a>(samples: impl Iterator<Item = &'a Sample>) -> Option<f64> {
 
 /// Max of values that must be ratios in [0, 1]: `None` when there are none, or when any
 /// is out of range (a wrong unit or a broken exporter; a number we would misread).
-fn max_ratio<'a>(samples: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+fn max_ratio<'a>(samples: impl Iterator<Item = &'a Sample<'a>>) -> Option<f64> {
     let mut max = None;
     for s in samples {
         if !(0.0..=1.0).contains(&s.value) {
@@ -296,7 +306,7 @@ fn pair(a: Option<f64>, b: Option<f64>) -> Option<(f64, f64)> {
 }
 
 /// Parses a rank label ("0".."N-1").
-fn rank_of(s: &Sample, label: &str) -> Option<usize> {
+fn rank_of(s: &Sample<'_>, label: &str) -> Option<usize> {
     let v = s.label(label)?;
     // Only plain decimal digits: "+1" or " 1" are not rank names an engine writes.
     if v.is_empty() || v.len() > 6 || !v.bytes().all(|b| b.is_ascii_digit()) {
@@ -308,7 +318,7 @@ fn rank_of(s: &Sample, label: &str) -> Option<usize> {
 /// Per-rank sums (by the `label` rank label), as a vector indexed by rank. Empty when
 /// there are none, when a value is negative or a rank label is missing or not a number,
 /// or when the ranks are not exactly 0..N (a gap would give a rank a false share of 0).
-fn per_rank<'a>(samples: impl Iterator<Item = &'a Sample>, label: &str) -> Vec<f64> {
+fn per_rank<'a>(samples: impl Iterator<Item = &'a Sample<'a>>, label: &str) -> Vec<f64> {
     let mut ranks: BTreeMap<Option<usize>, f64> = BTreeMap::new();
     for s in samples {
         let Some(r) = rank_of(s, label) else {
@@ -345,7 +355,7 @@ fn dense_ranks(ranks: BTreeMap<Option<usize>, f64>) -> Vec<f64> {
 /// report the same numbers), then the `keys` groups are summed per rank. `None` when there
 /// are no samples, a value is negative, or a `dp_rank` is not a number.
 fn fold_by_rank<'a>(
-    samples: impl Iterator<Item = &'a Sample>,
+    samples: impl Iterator<Item = &'a Sample<'a>>,
     keys: &[&str],
 ) -> Option<BTreeMap<Option<usize>, f64>> {
     let mut groups: BTreeMap<(Option<usize>, Vec<&'a str>), f64> = BTreeMap::new();
@@ -377,7 +387,7 @@ type BySeries<'a> = BTreeMap<Vec<(&'a str, &'a str)>, Vec<(f64, f64)>>;
 /// Histogram buckets summed by `le` over every series of the family (one per rank).
 /// Empty when absent or unusable: an `le` that is not a number, series with different
 /// bounds, no `+Inf` bucket, a negative count or counts that decrease with `le`.
-fn buckets<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<(f64, f64)> {
+fn buckets<'a>(samples: impl Iterator<Item = &'a Sample<'a>>) -> Vec<(f64, f64)> {
     let mut series: BySeries<'a> = BTreeMap::new();
     for s in samples {
         let Some(le) = s.label("le").and_then(|v| v.parse::<f64>().ok()) else {
@@ -389,8 +399,8 @@ fn buckets<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<(f64, f64)> {
         let key = s
             .labels
             .iter()
-            .filter(|(k, _)| k != "le")
-            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .filter(|(k, _)| *k != "le")
+            .map(|(k, v)| (*k, v.as_ref()))
             .collect();
         series.entry(key).or_default().push((le, s.value));
     }

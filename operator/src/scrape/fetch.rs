@@ -4,16 +4,17 @@ use std::time::Duration;
 
 use super::error::ScrapeError;
 
-/// Fetches `url`, returning the body of a 2xx response of at most `max_body` bytes.
-/// Never holds more than `max_body` bytes of it: a larger `Content-Length` is refused
-/// before reading, and a body without one is dropped (closing the connection) as soon as
-/// it passes the limit.
+/// Fetches `url` and appends the body of a 2xx response of at most `max_body` bytes to
+/// `body` (an empty, reused buffer). Never holds more than `max_body` bytes of it: a larger
+/// `Content-Length` is refused before reading, and a body without one is dropped (closing
+/// the connection) as soon as it passes the limit.
 pub(crate) async fn fetch(
     client: &reqwest::Client,
     url: &str,
+    body: &mut Vec<u8>,
     max_body: usize,
     timeout: Duration,
-) -> Result<Vec<u8>, ScrapeError> {
+) -> Result<(), ScrapeError> {
     let mut resp = client
         .get(url)
         .header(reqwest::header::ACCEPT, "text/plain;version=0.0.4")
@@ -35,8 +36,8 @@ pub(crate) async fn fetch(
     if announced.is_some_and(|n| n > max_body as u64) {
         return Err(too_large);
     }
-    // Capacity from a trusted-after-check length only; the limit still applies below.
-    let mut body = Vec::with_capacity(announced.unwrap_or(0) as usize);
+    // Room from a trusted-after-check length only; the limit still applies below.
+    body.reserve(announced.unwrap_or(0) as usize);
     loop {
         match resp.chunk().await {
             Ok(Some(chunk)) => {
@@ -45,7 +46,7 @@ pub(crate) async fn fetch(
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok(None) => return Ok(body),
+            Ok(None) => return Ok(()),
             Err(e) if e.is_timeout() => return Err(ScrapeError::Timeout(timeout)),
             Err(e) => return Err(ScrapeError::Body(error_chain(&e))),
         }

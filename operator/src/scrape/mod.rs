@@ -31,6 +31,7 @@ mod error;
 mod fetch;
 pub mod parser;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -121,6 +122,30 @@ pub struct ScrapeOutcome {
 pub struct Scraper {
     client: reqwest::Client,
     config: ScrapeConfig,
+    buffers: Arc<Buffers>,
+}
+
+/// Body buffers kept between scrapes, at most one per scrape in flight: a body is read into
+/// memory that already has room for it, instead of a fresh allocation per scrape.
+#[derive(Debug, Default)]
+struct Buffers(Mutex<Vec<Vec<u8>>>);
+
+impl Buffers {
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    fn give(&self, mut buf: Vec<u8>, keep: usize) {
+        buf.clear();
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < keep {
+            pool.push(buf);
+        }
+    }
 }
 
 impl Scraper {
@@ -139,7 +164,11 @@ impl Scraper {
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .build()?;
-        Ok(Scraper { client, config })
+        Ok(Scraper {
+            client,
+            config,
+            buffers: Arc::default(),
+        })
     }
 
     /// The configuration in use.
@@ -148,32 +177,39 @@ impl Scraper {
     }
 
     /// Scrapes every target, at most `concurrency` at a time, and returns one outcome per
-    /// target in the order given.
+    /// target in the order given. A slow target holds only its own slot: the others go on
+    /// starting as soon as any scrape finishes.
     pub async fn scrape(&self, dialect: Dialect, targets: &[Target]) -> Vec<ScrapeOutcome> {
         // Boxed so the returned future is `Send` for any lifetime: a stream over borrowed
         // iterators otherwise trips the compiler's higher-ranked `Send` check when a
         // runtime spawns a task that calls this.
-        type Pending<'a> =
-            std::pin::Pin<Box<dyn std::future::Future<Output = ScrapeOutcome> + Send + 'a>>;
+        type Pending<'a> = std::pin::Pin<
+            Box<dyn std::future::Future<Output = (usize, ScrapeOutcome)> + Send + 'a>,
+        >;
         let pending: Vec<Pending<'_>> = targets
             .iter()
-            .map(|t| Box::pin(self.scrape_one(dialect, t)) as Pending<'_>)
+            .enumerate()
+            .map(|(i, t)| Box::pin(async move { (i, self.scrape_one(dialect, t).await) }) as _)
             .collect();
-        futures::stream::iter(pending)
-            .buffered(self.config.concurrency.max(1))
+        let mut done: Vec<(usize, ScrapeOutcome)> = futures::stream::iter(pending)
+            .buffer_unordered(self.config.concurrency.max(1))
             .collect()
-            .await
+            .await;
+        done.sort_unstable_by_key(|(i, _)| *i);
+        done.into_iter().map(|(_, o)| o).collect()
     }
 
     /// Scrapes one target.
     pub async fn scrape_one(&self, dialect: Dialect, target: &Target) -> ScrapeOutcome {
         let start = Instant::now();
         let url = join_url(&target.base_url, &self.config.path);
+        let mut body = self.buffers.take();
         let fetched = tokio::time::timeout(
             self.config.timeout,
             fetch::fetch(
                 &self.client,
                 &url,
+                &mut body,
                 self.config.max_body_bytes,
                 self.config.timeout,
             ),
@@ -181,9 +217,10 @@ impl Scraper {
         .await
         .unwrap_or(Err(ScrapeError::Timeout(self.config.timeout)));
         let (result, parse_errors) = match fetched {
-            Ok(body) => self.interpret(dialect, body).await,
+            Ok(()) => self.interpret(dialect, &mut body).await,
             Err(e) => (Err(e), 0),
         };
+        self.buffers.give(body, self.config.concurrency.max(1));
         ScrapeOutcome {
             target: target.name.clone(),
             result,
@@ -192,25 +229,24 @@ impl Scraper {
         }
     }
 
-    /// Parses and adapts a body off the async threads (a 4 MiB body takes milliseconds).
+    /// Parses and adapts a body off the async threads (a 4 MiB body can take milliseconds).
+    /// The buffer travels to the blocking thread and back.
     async fn interpret(
         &self,
         dialect: Dialect,
-        body: Vec<u8>,
+        body: &mut Vec<u8>,
     ) -> (Result<ReplicaSample, ScrapeError>, usize) {
         let limits = self.config.limits;
+        let buf = std::mem::take(body);
         let work = tokio::task::spawn_blocking(move || {
-            // Invalid UTF-8 only spoils the lines it is in.
-            let text = String::from_utf8_lossy(&body);
-            // Only the families the dialect reads are parsed into samples.
-            let exposition =
-                parser::parse_selected(&text, &limits, &|name| dialect::reads(dialect, name));
-            let sample = dialect::adapt(dialect, &exposition);
-            (sample, exposition.samples.len(), exposition.errors())
+            let read = read_body(dialect, &buf, &limits);
+            (read, buf)
         });
         match work.await {
-            Ok((sample, _, errors)) if dialect::is_usable(&sample) => (Ok(sample), errors),
-            Ok((_, samples, errors)) => (Err(ScrapeError::Parse { samples, errors }), errors),
+            Ok((read, buf)) => {
+                *body = buf;
+                read
+            }
             // The parser does not panic; should the task be lost anyway, it is no sample.
             Err(_) => (
                 Err(ScrapeError::Parse {
@@ -220,6 +256,24 @@ impl Scraper {
                 0,
             ),
         }
+    }
+}
+
+/// One body in `dialect`: only the families the dialect reads are parsed into samples
+/// (borrowing from the body), then adapted. Also returns the parse errors.
+fn read_body(
+    dialect: Dialect,
+    body: &[u8],
+    limits: &Limits,
+) -> (Result<ReplicaSample, ScrapeError>, usize) {
+    let exposition = parser::parse_selected(body, limits, &|name| dialect::reads(dialect, name));
+    let sample = dialect::adapt(dialect, &exposition);
+    let errors = exposition.errors();
+    if dialect::is_usable(&sample) {
+        (Ok(sample), errors)
+    } else {
+        let samples = exposition.samples.len();
+        (Err(ScrapeError::Parse { samples, errors }), errors)
     }
 }
 

@@ -4,7 +4,7 @@
 use super::*;
 use proptest::prelude::*;
 
-fn one(text: &str) -> Sample {
+fn one(text: &str) -> Sample<'_> {
     let e = parse(text);
     assert_eq!(e.rejected_lines, 0, "{text:?} rejected");
     assert_eq!(e.samples.len(), 1, "{text:?}");
@@ -17,8 +17,8 @@ fn rejected(text: &str) {
     assert_eq!(e.rejected_lines, 1, "{text:?}");
 }
 
-fn l(k: &str, v: &str) -> (String, String) {
-    (k.to_owned(), v.to_owned())
+fn l<'a>(k: &'a str, v: &'a str) -> (&'a str, Cow<'a, str>) {
+    (k, Cow::Borrowed(v))
 }
 
 #[test]
@@ -167,11 +167,7 @@ fn duplicate_series_are_dropped_entirely() {
          c{p=\"1\",q=\"2\"} 1\nc{q=\"2\",p=\"1\"} 1\na{x=\"1\"} 4\n",
     );
     assert_eq!(e.ambiguous_series, 2);
-    let names: Vec<_> = e
-        .samples
-        .iter()
-        .map(|s| (s.name.as_str(), s.value))
-        .collect();
+    let names: Vec<_> = e.samples.iter().map(|s| (s.name, s.value)).collect();
     assert_eq!(names, vec![("b", 5.0), ("a", 3.0)]);
     assert_eq!(e.errors(), 2);
 }
@@ -223,16 +219,16 @@ fn empty_input() {
 
 /// Whether `s` could have come from `input`: its name is in it, and so is every label
 /// name and value (values possibly escaped).
-fn appears_in(s: &Sample, input: &str) -> bool {
+fn appears_in(s: &Sample<'_>, input: &str) -> bool {
     let escaped = |v: &str| {
         v.replace('\\', "\\\\")
             .replace('"', "\\\"")
             .replace('\n', "\\n")
     };
-    input.contains(&s.name)
+    input.contains(s.name)
         && s.labels
             .iter()
-            .all(|(k, v)| input.contains(k.as_str()) && input.contains(&escaped(v)))
+            .all(|(k, v)| input.contains(k) && input.contains(&escaped(v)))
 }
 
 fn check(input: &str) {
@@ -255,8 +251,8 @@ fn check(input: &str) {
     // The selective parse keeps exactly the full parse's samples and types of the names
     // it accepts, and rejects no more lines.
     let keep = |n: &str| n == "m" || n.starts_with("vllm:");
-    let selected = parse_selected(input, &Limits::default(), &keep);
-    let want: Vec<&Sample> = e.samples.iter().filter(|s| keep(&s.name)).collect();
+    let selected = parse_selected(input.as_bytes(), &Limits::default(), &keep);
+    let want: Vec<&Sample> = e.samples.iter().filter(|s| keep(s.name)).collect();
     assert_eq!(selected.samples.iter().collect::<Vec<_>>(), want);
     assert!(selected.types.keys().all(|n| keep(n)));
     assert!(
@@ -316,8 +312,89 @@ fn line() -> impl Strategy<Value = String> {
     ]
 }
 
+#[test]
+fn plain_values_are_borrowed_and_invalid_utf8_is_repaired() {
+    let text = "m{a=\"plain\",b=\"esc\\\"aped\"} 1\n";
+    let e = parse(text);
+    let labels = &e.samples[0].labels;
+    assert!(matches!(labels[0].1, Cow::Borrowed("plain")));
+    assert!(matches!(&labels[1].1, Cow::Owned(v) if v == "esc\"aped"));
+    // Invalid UTF-8 in a raw body spoils only its value, repaired as lossy decoding would.
+    let body = b"m{a=\"x\xff\xfey\",b=\"\xe2\x82\\n\"} 2\nn 3\n";
+    let e = parse_selected(body, &Limits::default(), &|_| true);
+    assert_eq!(e.rejected_lines, 0);
+    assert_eq!(e.samples[0].label("a"), Some("x\u{fffd}\u{fffd}y"));
+    assert_eq!(e.samples[0].label("b"), Some("\u{fffd}\n"));
+    assert_eq!(e.samples[1].value, 3.0);
+}
+
+#[test]
+fn the_decimal_shortcut_reads_what_the_standard_parser_reads() {
+    for v in [
+        "0",
+        "-0",
+        "12.0",
+        "0.1",
+        "0.3",
+        "123456789012345",
+        "1234567890123456",
+        "9007199254740993",
+        "0.000000000000001",
+        "99999999999999.9",
+        "-7.25",
+        "+3.",
+        ".5",
+        "1.",
+        "5e-324",
+        "1e22",
+    ] {
+        let ours = number(v.as_bytes()).unwrap();
+        let std: f64 = v.parse().unwrap();
+        assert_eq!(ours.to_bits(), std.to_bits(), "{v}");
+    }
+    for bad in ["", "-", ".", "+.", "1.2.3", "--1", "1-", "0x1"] {
+        assert_eq!(number(bad.as_bytes()), bad.parse::<f64>().ok(), "{bad:?}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn decimals_read_as_the_standard_parser_reads_them(
+        sign in prop::sample::select(vec!["", "-", "+"]),
+        int in "[0-9]{0,17}",
+        frac in prop::option::of("[0-9]{0,17}"),
+    ) {
+        let v = format!("{sign}{int}{}", frac.map(|f| format!(".{f}")).unwrap_or_default());
+        let ours = number(v.as_bytes());
+        let std = v.parse::<f64>().ok();
+        prop_assert_eq!(ours.map(f64::to_bits), std.map(f64::to_bits), "{}", v);
+    }
+
+    /// A raw body reads as its lossy decoding does (lines here are far below the line
+    /// limit, which counts raw bytes).
+    #[test]
+    fn raw_bytes_read_as_their_lossy_text(
+        lines in prop::collection::vec(
+            (line(), prop::collection::vec(any::<u8>(), 0..3), 0usize..40),
+            0..20,
+        ),
+    ) {
+        let mut body = Vec::new();
+        for (l, junk, at) in lines {
+            let mut l = l.into_bytes();
+            l.truncate(1000);
+            let at = at.min(l.len());
+            l.splice(at..at, junk);
+            body.extend_from_slice(&l);
+            body.push(b'\n');
+        }
+        let text = String::from_utf8_lossy(&body);
+        let from_text = parse(&text);
+        let from_bytes = parse_selected(&body, &Limits::default(), &|_| true);
+        prop_assert_eq!(from_bytes, from_text);
+    }
 
     #[test]
     fn arbitrary_strings_never_panic(input in any::<String>()) {
