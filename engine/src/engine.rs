@@ -22,10 +22,8 @@ use crate::output::{NewRoute, OutputProcessor, RequestUpdate, RouteTable};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{EngineRequest, Scheduler};
 use crate::spans::{SpanExporter, TraceContext};
-use crate::stats::board::{BoardLogger, ControlBoard};
-use crate::stats::flops::FlopsModel;
+use crate::stats::board::ControlBoard;
 use crate::stats::timeline::RequestTimeline;
-use crate::stats::{LogLineLogger, PrometheusLogger, StatLogger};
 use crate::tenants::{Tenant, TenantLedger};
 use crate::text::TextStream;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
@@ -130,17 +128,7 @@ impl Engine {
         let tenants = Arc::new(TenantLedger::new(config.max_running_per_tenant));
         let routes = Arc::new(RouteTable::default());
         let s = config.scheduler;
-        let metrics = Arc::new(EngineMetrics::new(&MetricsConfig {
-            model_name: config.served_model_name.clone(),
-            num_ranks: n,
-            buckets: config.stats.buckets.clone(),
-            block_size: s.block_size,
-            num_blocks: s.num_blocks,
-            enable_prefix_caching: s.enable_prefix_caching,
-            max_num_seqs: s.max_num_seqs,
-            max_num_batched_tokens: s.max_num_batched_tokens,
-            max_model_len: s.max_model_len,
-        }));
+        let metrics = Arc::new(EngineMetrics::new(&MetricsConfig::for_engine(&config)));
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let mut inboxes = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
@@ -169,23 +157,7 @@ impl Engine {
         let ranks = RankHandles::new(inboxes, group);
         let st = &config.stats;
         let board = ControlBoard::new(n);
-        let mut loggers: Vec<Box<dyn StatLogger>> = vec![
-            Box::new(BoardLogger(Arc::clone(&board))),
-            Box::new(PrometheusLogger::new(
-                Arc::clone(&metrics),
-                FlopsModel::new(&config.model, 4),
-                s.max_num_seqs,
-                st.log_interval,
-                !st.disable_log_stats,
-            )),
-        ];
-        if !st.disable_log_stats {
-            loggers.push(Box::new(LogLineLogger::new(
-                n,
-                st.aggregate_engine_logging,
-                Instant::now(),
-            )));
-        }
+        let loggers = crate::stats::engine_loggers(&config, &metrics, &board, Instant::now());
         let spans = st.otlp_traces_endpoint.as_deref().and_then(|url| {
             match SpanExporter::new(url, "ballast-engine") {
                 Ok(e) => Some(Arc::new(e)),

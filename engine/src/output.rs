@@ -16,7 +16,7 @@ use crate::core::{RankHandles, StepOutput};
 use crate::dispatcher::Dispatcher;
 use crate::events::{FinishReason, RequestId};
 use crate::spans::{SpanExporter, TraceContext};
-use crate::stats::timeline::{RequestTimeline, TokenSample};
+use crate::stats::timeline::RequestTimeline;
 use crate::stats::{IterationStats, StatLogger, StepStats};
 use crate::text::TextStream;
 
@@ -176,11 +176,7 @@ impl OutputProcessor {
                 let Some(route) = routes.get_mut(&out.id) else {
                     continue;
                 };
-                let tl = &mut route.timeline;
-                tl.on_events(&out.events);
-                if let Some(c) = out.num_cached_tokens {
-                    tl.num_cached_tokens = c;
-                }
+                it.record_output(&mut route.timeline, out, step.new_tokens_ts, wall_now);
                 let mut matched = false;
                 let mut update = RequestUpdate {
                     finish: out.finish,
@@ -189,15 +185,6 @@ impl OutputProcessor {
                 };
                 if let Some(token) = out.new_token {
                     update.new_tokens = 1;
-                    it.generation_tokens += 1;
-                    match tl.on_token(step.new_tokens_ts, wall_now) {
-                        TokenSample::First { ttft } => {
-                            it.ttft.push(ttft.as_secs_f64());
-                            it.prompt_tokens += tl.prompt_len as u64;
-                            it.prompt_cached_tokens += tl.num_cached_tokens as u64;
-                        }
-                        TokenSample::Next { itl } => it.itl.push(itl.as_secs_f64()),
-                    }
                     let t = route
                         .text
                         .token(token, out.finish == Some(FinishReason::Stop));
@@ -218,11 +205,10 @@ impl OutputProcessor {
                     }
                 }
                 if let Some(reason) = update.finish {
-                    let finished = route.timeline.finish(reason, wall_now);
+                    let finished = it.record_finish(&route.timeline, reason, wall_now);
                     if let (Some(spans), Some(ctx)) = (&self.spans, &route.trace) {
-                        spans.export(ctx, out.id, &self.model_name, &route.timeline, &finished);
+                        spans.export(ctx, out.id, &self.model_name, &route.timeline, finished);
                     }
-                    it.finished.push(finished);
                 }
                 updates.push((out.id, update));
             }

@@ -17,6 +17,7 @@ pub mod buckets;
 use buckets::{Buckets, Family};
 
 use crate::admission::RejectReason;
+use crate::config::EngineConfig;
 use crate::events::FinishReason;
 
 /// The statuses whose `http_requests_total` series exist from start-up for every API route:
@@ -44,6 +45,24 @@ pub struct MetricsConfig {
     pub max_num_batched_tokens: usize,
     /// `cache_config_info` labels.
     pub max_model_len: usize,
+}
+
+impl MetricsConfig {
+    /// What an engine started with `config` registers.
+    pub fn for_engine(config: &EngineConfig) -> Self {
+        let s = &config.scheduler;
+        Self {
+            model_name: config.served_model_name.clone(),
+            num_ranks: config.data_parallel_size,
+            buckets: config.stats.buckets.clone(),
+            block_size: s.block_size,
+            num_blocks: s.num_blocks,
+            enable_prefix_caching: s.enable_prefix_caching,
+            max_num_seqs: s.max_num_seqs,
+            max_num_batched_tokens: s.max_num_batched_tokens,
+            max_model_len: s.max_model_len,
+        }
+    }
 }
 
 /// Every family, registered.
