@@ -37,8 +37,7 @@ async fn main() {
         concurrency: 256,
         timeout: Duration::from_secs(5),
         ..ScrapeConfig::default()
-    })
-    .unwrap();
+    });
     let mut tracker = Tracker::new();
     let history = History::default();
     let epoch = Instant::now();

@@ -3,7 +3,9 @@
 //! `ballast_dp2_*.prom` were saved from a real `ballast engine --data-parallel-size 2`
 //! (idle after six requests; and under load with `--max-num-seqs 1 --max-queued-requests 4
 //! --max-running-per-tenant 1` while twelve requests from three tenants raced, six of them
-//! refused with 429). The vLLM and SGLang files are hand-written in the format
+//! refused with 429). `ballast_dp8_loaded.prom` (the fleet-scale benchmark's exposition)
+//! is `--model synthetic:tiny --data-parallel-size 8 --max-num-seqs 2
+//! --max-queued-requests 8` under `ballast bench --concurrency 24`. The vLLM and SGLang files are hand-written in the format
 //! prometheus_client renders for them (sorted labels, `12.0`, `_created` samples), with
 //! the series names and label sets of their sources (see `scrape::dialect`).
 
@@ -29,9 +31,10 @@ fn sample(dialect: Dialect, file: &str) -> ReplicaSample {
     full
 }
 
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "ballast_dp2_idle.prom",
     "ballast_dp2_loaded.prom",
+    "ballast_dp8_loaded.prom",
     "vllm_v1_dp2.prom",
     "vllm_v0_single.prom",
     "sglang_dp4.prom",
@@ -151,6 +154,24 @@ fn ballast_engine_under_load() {
             families: families(&ALL_FAMILIES),
         }
     );
+}
+
+#[test]
+fn ballast_engine_with_eight_ranks_under_load() {
+    let s = sample(Dialect::Ballast, "ballast_dp8_loaded.prom");
+    assert_eq!(s.running, Some(10.0));
+    assert_eq!(s.waiting_capacity, Some(8.0));
+    assert_eq!(s.waiting_deferred, Some(0.0));
+    assert_eq!(s.kv_usage, Some(0.00048828125));
+    assert_eq!(s.rejections_sum(), Some(411.0));
+    assert_eq!(
+        s.dp_tokens,
+        [
+            13969.0, 13969.0, 13969.0, 13969.0, 13969.0, 13969.0, 13967.0, 13967.0
+        ]
+    );
+    assert_eq!(s.ttft_buckets.len(), TTFT_BOUNDS.len());
+    assert_eq!(s.families, families(&ALL_FAMILIES));
 }
 
 #[test]

@@ -32,7 +32,6 @@ fn scraper(timeout_ms: u64, max_body_bytes: usize, concurrency: usize) -> Scrape
         concurrency,
         ..ScrapeConfig::default()
     })
-    .unwrap()
 }
 
 async fn one(
@@ -97,8 +96,7 @@ async fn a_slow_replica_times_out() {
         path: "/trickle".into(),
         timeout: Duration::from_millis(700),
         ..ScrapeConfig::default()
-    })
-    .unwrap();
+    });
     let start = Instant::now();
     let e = one(&trickle, &base).await.unwrap_err();
     assert_eq!(e, ScrapeError::Timeout(Duration::from_millis(700)));
@@ -205,7 +203,6 @@ async fn garbage_is_a_parse_error() {
         path: "/other".into(),
         ..ScrapeConfig::default()
     })
-    .unwrap()
     .scrape_one(Dialect::Ballast, &Target::new("r", base))
     .await
     .result
@@ -339,4 +336,137 @@ async fn scrapes_reuse_their_connections() {
         1,
         "one keep-alive connection"
     );
+}
+
+/// A raw server: answers the n-th request on a connection with `respond(n)`, or closes
+/// the connection without an answer on `None`; closes it after each answer when
+/// `close_after` says so.
+async fn raw_server(
+    respond: impl Fn(usize) -> Option<Vec<u8>> + Send + Sync + 'static,
+    close_after: bool,
+) -> (String, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (count, respond) = (accepted.clone(), Arc::new(respond));
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            let respond = respond.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut have = 0;
+                let mut n = 0;
+                loop {
+                    match stream.read(&mut buf[have..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => have += k,
+                    }
+                    if buf[..have].windows(4).any(|w| w == b"\r\n\r\n") {
+                        have = 0;
+                        let Some(answer) = respond(n) else {
+                            return;
+                        };
+                        n += 1;
+                        let _ = stream.write_all(&answer).await;
+                        if close_after {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (base, accepted)
+}
+
+fn response(head: &str, body: &str) -> Vec<u8> {
+    format!("{head}\r\n\r\n{body}").into_bytes()
+}
+
+#[tokio::test]
+async fn a_connection_the_replica_closed_while_idle_is_replaced() {
+    // Keep-alive announced, but the server closes each connection after one response,
+    // as one with a short idle timeout does between scrapes.
+    let ok = || {
+        response(
+            &format!("HTTP/1.1 200 OK\r\nContent-Length: {}", BODY.len()),
+            BODY,
+        )
+    };
+    let (base, accepted) = raw_server(move |_| Some(ok()), true).await;
+    let s = scraper(2000, 1 << 20, 1);
+    for _ in 0..3 {
+        assert_eq!(one(&s, &base).await.unwrap().running, Some(2.0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    // The race: the connection looks alive, then the server drops the next request
+    // unanswered. The request goes once more, on a new connection.
+    let (base, accepted) = raw_server(move |n| (n == 0).then(ok), false).await;
+    for _ in 0..3 {
+        assert_eq!(one(&s, &base).await.unwrap().running, Some(2.0));
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    assert_eq!(s.idle_connections(), 2, "one per replica");
+}
+
+#[tokio::test]
+async fn bodies_framed_every_way_are_read_and_broken_ones_are_body_errors() {
+    let len = BODY.len();
+    let chunked: String = BODY
+        .as_bytes()
+        .chunks(1000)
+        .map(|c| format!("{:x}\r\n{}\r\n", c.len(), std::str::from_utf8(c).unwrap()))
+        .chain(["0\r\n\r\n".to_owned()])
+        .collect();
+    let cases: Vec<(Vec<u8>, Result<(), &str>)> = vec![
+        // HTTP/1.0, delimited by the connection closing.
+        (response("HTTP/1.0 200 OK", BODY), Ok(())),
+        (
+            response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked", &chunked),
+            Ok(()),
+        ),
+        (
+            response("HTTP/1.1 200 OK\r\nConnection: close", BODY),
+            Ok(()),
+        ),
+        // Cut short: fewer bytes than announced, then the connection closes.
+        (
+            response(
+                &format!("HTTP/1.1 200 OK\r\nContent-Length: {}", len + 10),
+                BODY,
+            ),
+            Err("body"),
+        ),
+        (
+            response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked", "5\r\nab"),
+            Err("body"),
+        ),
+        (
+            response("HTTP/1.1 200 OK\r\nContent-Encoding: gzip", BODY),
+            Err("body"),
+        ),
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n".to_vec(), Err("body")),
+        (Vec::new(), Err("connect")),
+    ];
+    for (raw, want) in cases {
+        let (base, _) = raw_server(move |_| Some(raw.clone()), true).await;
+        let got = one(&scraper(2000, 1 << 20, 1), &base).await;
+        match want {
+            Ok(()) => assert_eq!(got.unwrap().running, Some(2.0)),
+            Err(reason) => assert_eq!(got.unwrap_err().reason(), reason),
+        }
+    }
+}
+
+#[tokio::test]
+async fn only_http_targets_are_scraped() {
+    let e = one(&scraper(2000, 1 << 20, 1), "https://127.0.0.1:1")
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "connect");
+    assert!(e.to_string().contains("only http://"), "{e}");
 }

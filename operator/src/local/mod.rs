@@ -153,9 +153,6 @@ pub enum LocalError {
     /// An HTTP client cannot be built.
     #[error("cannot build an HTTP client: {0}")]
     Client(reqwest::Error),
-    /// A service's scraper cannot be built.
-    #[error(transparent)]
-    Scraper(#[from] crate::scrape::ClientError),
     /// Another I/O failure (the log directory, the binary's path).
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -177,7 +174,6 @@ impl LocalError {
             | LocalError::NoCryptoProvider
             | LocalError::Router(_)
             | LocalError::Client(_)
-            | LocalError::Scraper(_)
             | LocalError::Io(_) => 1,
         }
     }

@@ -91,7 +91,7 @@ impl Service {
     /// router knows it (requests wait for its first replica) and `/status` lists it.
     pub fn new(isvc: InferenceService, shared: Shared) -> Result<Self, LocalError> {
         let name = isvc.metadata.name.clone().unwrap_or_default();
-        let scraper = Scraper::new(ScrapeConfig::from_spec(&isvc.spec.metrics))?;
+        let scraper = Scraper::new(ScrapeConfig::from_spec(&isvc.spec.metrics));
         let fleet = Fleet::new(
             isvc.clone(),
             shared.engine_bin.clone(),

@@ -11,9 +11,6 @@ pub enum Error {
     /// The resource cannot be turned into objects (it was not read from the API server).
     #[error(transparent)]
     Build(#[from] super::build::BuildError),
-    /// A scraper could not be built (no TLS provider in this process).
-    #[error(transparent)]
-    Scraper(#[from] crate::scrape::ClientError),
     /// An object could not be serialized (a bug).
     #[error("cannot serialize {what}: {source}")]
     Serialize {
@@ -35,7 +32,6 @@ impl Error {
             Error::Api(kube::Error::Api(_)) => "api",
             Error::Api(_) => "transport",
             Error::Build(_) => "build",
-            Error::Scraper(_) => "scraper",
             Error::Serialize { .. } => "internal",
         }
     }

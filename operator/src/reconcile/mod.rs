@@ -282,7 +282,7 @@ async fn reconcile_inner(
     if due {
         let config = ScrapeConfig::from_spec(&isvc.spec.metrics);
         if state.scraper.as_ref().is_none_or(|(c, _)| *c != config) {
-            state.scraper = Some((config.clone(), Scraper::new(config)?));
+            state.scraper = Some((config.clone(), Scraper::new(config)));
         }
         let scraper = &state.scraper.as_ref().expect("just set").1;
         let t0 = Instant::now();

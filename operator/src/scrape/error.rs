@@ -63,14 +63,3 @@ impl ScrapeError {
         }
     }
 }
-
-/// Why a [`Scraper`](super::Scraper) could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// No process-wide TLS crypto provider: the program must install one first.
-    #[error("no TLS crypto provider is installed; the program must install one before scraping")]
-    NoCryptoProvider,
-    /// reqwest refused the configuration.
-    #[error("cannot build the scrape client: {0}")]
-    Build(#[from] reqwest::Error),
-}

@@ -34,10 +34,8 @@ pub mod parser;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-
 pub use aggregate::{Tracker, histogram_quantile};
-pub use error::{ClientError, ScrapeError};
+pub use error::ScrapeError;
 pub use parser::Limits;
 
 use crate::signals::{Dialect, FleetSignals, ReplicaSample};
@@ -117,11 +115,12 @@ pub struct ScrapeOutcome {
 }
 
 /// Scrapes replicas concurrently with a bound, a per-target timeout and a body limit.
-/// Holds one HTTP client (connection pool) for its lifetime.
+/// Keeps one idle connection per replica between scrapes, and body buffers for the
+/// scrapes in flight; clones share both.
 #[derive(Debug, Clone)]
 pub struct Scraper {
-    client: reqwest::Client,
     config: ScrapeConfig,
+    connections: Arc<fetch::Connections>,
     buffers: Arc<Buffers>,
 }
 
@@ -149,26 +148,19 @@ impl Buffers {
 }
 
 impl Scraper {
-    /// A scraper with its own HTTP client. Redirects are not followed and proxies from
-    /// the environment are ignored: replicas are scraped directly.
-    ///
-    /// The program must have installed a TLS crypto provider (the `ballast` binary does in
-    /// main); without one this is an error rather than reqwest's panic.
-    pub fn new(config: ScrapeConfig) -> Result<Self, ClientError> {
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            return Err(ClientError::NoCryptoProvider);
-        }
-        let client = reqwest::Client::builder()
-            .connect_timeout(config.timeout)
-            .timeout(config.timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()?;
-        Ok(Scraper {
-            client,
+    /// A scraper with its own connections. Replicas are scraped directly over plain
+    /// HTTP/1.1 (`http://` targets; redirects are not followed, proxies are not used).
+    pub fn new(config: ScrapeConfig) -> Self {
+        Scraper {
             config,
+            connections: Arc::default(),
             buffers: Arc::default(),
-        })
+        }
+    }
+
+    /// Connections kept open between scrapes now, one at most per replica.
+    pub fn idle_connections(&self) -> usize {
+        self.connections.idle()
     }
 
     /// The configuration in use.
@@ -177,45 +169,64 @@ impl Scraper {
     }
 
     /// Scrapes every target, at most `concurrency` at a time, and returns one outcome per
-    /// target in the order given. A slow target holds only its own slot: the others go on
-    /// starting as soon as any scrape finishes.
+    /// target in the order given. Each scrape is a task of its own, so a multi-threaded
+    /// runtime reads and parses on all its threads, and a slow target holds only its own
+    /// slot: the next scrape starts as soon as any one finishes. Dropping the returned
+    /// future cancels the scrapes in flight.
     pub async fn scrape(&self, dialect: Dialect, targets: &[Target]) -> Vec<ScrapeOutcome> {
-        // Boxed so the returned future is `Send` for any lifetime: a stream over borrowed
-        // iterators otherwise trips the compiler's higher-ranked `Send` check when a
-        // runtime spawns a task that calls this.
-        type Pending<'a> = std::pin::Pin<
-            Box<dyn std::future::Future<Output = (usize, ScrapeOutcome)> + Send + 'a>,
-        >;
-        let pending: Vec<Pending<'_>> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, t)| Box::pin(async move { (i, self.scrape_one(dialect, t).await) }) as _)
-            .collect();
-        let mut done: Vec<(usize, ScrapeOutcome)> = futures::stream::iter(pending)
-            .buffer_unordered(self.config.concurrency.max(1))
-            .collect()
-            .await;
-        done.sort_unstable_by_key(|(i, _)| *i);
-        done.into_iter().map(|(_, o)| o).collect()
+        let mut outcomes: Vec<Option<ScrapeOutcome>> = vec![None; targets.len()];
+        let mut running = tokio::task::JoinSet::new();
+        let mut index_of = std::collections::HashMap::new();
+        let mut next = 0;
+        loop {
+            while next < targets.len() && running.len() < self.config.concurrency.max(1) {
+                let (scraper, target) = (self.clone(), targets[next].clone());
+                let i = next;
+                let task =
+                    running.spawn(async move { (i, scraper.scrape_one(dialect, &target).await) });
+                index_of.insert(task.id(), i);
+                next += 1;
+            }
+            match running.join_next_with_id().await {
+                Some(Ok((id, (i, outcome)))) => {
+                    index_of.remove(&id);
+                    outcomes[i] = Some(outcome);
+                }
+                // A scrape does not panic; should one be lost anyway, it is a failed one.
+                Some(Err(e)) => {
+                    if let Some(i) = index_of.remove(&e.id()) {
+                        outcomes[i] = Some(ScrapeOutcome {
+                            target: targets[i].name.clone(),
+                            result: Err(ScrapeError::Body(format!("scrape task failed: {e}"))),
+                            duration: Duration::ZERO,
+                            parse_errors: 0,
+                        });
+                    }
+                }
+                None => break,
+            }
+        }
+        outcomes.into_iter().flatten().collect()
     }
 
     /// Scrapes one target.
     pub async fn scrape_one(&self, dialect: Dialect, target: &Target) -> ScrapeOutcome {
         let start = Instant::now();
-        let url = join_url(&target.base_url, &self.config.path);
         let mut body = self.buffers.take();
-        let fetched = tokio::time::timeout(
-            self.config.timeout,
-            fetch::fetch(
-                &self.client,
-                &url,
-                &mut body,
-                self.config.max_body_bytes,
+        let fetched = match fetch::Endpoint::parse(&join_url(&target.base_url, &self.config.path)) {
+            Ok(endpoint) => tokio::time::timeout(
                 self.config.timeout,
-            ),
-        )
-        .await
-        .unwrap_or(Err(ScrapeError::Timeout(self.config.timeout)));
+                fetch::fetch(
+                    &self.connections,
+                    &endpoint,
+                    &mut body,
+                    self.config.max_body_bytes,
+                ),
+            )
+            .await
+            .unwrap_or(Err(ScrapeError::Timeout(self.config.timeout))),
+            Err(e) => Err(e),
+        };
         let (result, parse_errors) = match fetched {
             Ok(()) => self.interpret(dialect, &mut body).await,
             Err(e) => (Err(e), 0),
@@ -229,14 +240,19 @@ impl Scraper {
         }
     }
 
-    /// Parses and adapts a body off the async threads (a 4 MiB body can take milliseconds).
-    /// The buffer travels to the blocking thread and back.
+    /// Parses and adapts a body. A usual exposition (a few hundred KB, a fraction of a
+    /// millisecond to read selectively) is read right here; a larger one goes to a blocking
+    /// thread, so no runtime thread stalls for milliseconds on a hostile body. The buffer
+    /// travels there and back.
     async fn interpret(
         &self,
         dialect: Dialect,
         body: &mut Vec<u8>,
     ) -> (Result<ReplicaSample, ScrapeError>, usize) {
         let limits = self.config.limits;
+        if body.len() <= INLINE_PARSE_BYTES {
+            return read_body(dialect, body, &limits);
+        }
         let buf = std::mem::take(body);
         let work = tokio::task::spawn_blocking(move || {
             let read = read_body(dialect, &buf, &limits);
@@ -258,6 +274,9 @@ impl Scraper {
         }
     }
 }
+
+/// Bodies up to this size are parsed on the runtime thread that read them.
+const INLINE_PARSE_BYTES: usize = 1024 * 1024;
 
 /// One body in `dialect`: only the families the dialect reads are parsed into samples
 /// (borrowing from the body), then adapted. Also returns the parse errors.
