@@ -742,3 +742,94 @@ proptest! {
         exercise(&bytes);
     }
 }
+
+// ---- the default real model, when scripts/fetch-model.sh has cached it ----
+
+/// The cached SmolLM2-135M file, or `None` (skip) when it has not been fetched. With
+/// `BALLAST_REQUIRE_MODEL` set a missing file fails instead, so a CI that fetches the model
+/// cannot silently skip this.
+fn cached_smollm2() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("BALLAST_MODEL_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".cache/ballast/models"))
+        })?;
+    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("BALLAST_REQUIRE_MODEL").is_none(),
+        "BALLAST_REQUIRE_MODEL is set but {} is missing; run scripts/fetch-model.sh",
+        path.display()
+    );
+    eprintln!(
+        "skipped: {} not cached (scripts/fetch-model.sh)",
+        path.display()
+    );
+    None
+}
+
+#[test]
+fn smollm2_metadata_and_dequantization_when_cached() {
+    let Some(path) = cached_smollm2() else {
+        return;
+    };
+    let file = GgufFile::open(&path).unwrap();
+    let spec = file.llama_spec().unwrap();
+    assert_eq!(
+        (
+            spec.hidden_size,
+            spec.num_layers,
+            spec.num_heads,
+            spec.num_kv_heads,
+            spec.head_dim
+        ),
+        (576, 30, 9, 3, 64)
+    );
+    assert_eq!(
+        (spec.intermediate_size, spec.vocab_size, spec.max_model_len),
+        (1536, 49_152, 8192)
+    );
+    assert_eq!(spec.rope_theta, 100_000.0);
+
+    let count = |dtype| file.tensors().iter().filter(|t| t.dtype == dtype).count();
+    assert_eq!(
+        (
+            count(GgmlType::Q4_1),
+            count(GgmlType::F32),
+            count(GgmlType::Q8_0)
+        ),
+        (210, 61, 1)
+    );
+    assert!(
+        file.header().tensor_info("output.weight").is_none(),
+        "tied embeddings"
+    );
+
+    let tok = file.tokenizer_metadata().unwrap();
+    assert_eq!((tok.model, tok.pre), ("gpt2", Some("smollm")));
+    assert_eq!(tok.tokens[tok.eos_token_id.unwrap() as usize], "<|im_end|>");
+    assert!(tok.chat_template.unwrap().contains("<|im_start|>"));
+
+    // Sums of the dequantized values as llama.cpp's own reader (gguf-py 0.19.0,
+    // `gguf.quants.dequantize`) computes them, one tensor of each type.
+    for (name, sum, abs_sum) in [
+        ("token_embd.weight", -1.535304e4, 2.802154e6),
+        ("blk.0.ffn_down.weight", 1.506358e2, 1.284581e5),
+        ("blk.0.attn_norm.weight", 6.129436e-1, 1.581536e1),
+    ] {
+        let values = file.tensor(name).unwrap().dequantize().unwrap();
+        let got: f64 = values.iter().map(|&v| f64::from(v)).sum();
+        let got_abs: f64 = values.iter().map(|&v| f64::from(v.abs())).sum();
+        assert!(
+            ((got - sum) / sum).abs() < 1e-6,
+            "{name}: sum {got} vs {sum}"
+        );
+        assert!(
+            ((got_abs - abs_sum) / abs_sum).abs() < 1e-6,
+            "{name}: abs sum {got_abs} vs {abs_sum}"
+        );
+    }
+}
