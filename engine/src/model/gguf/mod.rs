@@ -122,7 +122,7 @@ pub enum GgufError {
         /// The byte.
         byte: u8,
     },
-    /// Arrays nested deeper than [`parse::MAX_ARRAY_DEPTH`].
+    /// Arrays nested more than 8 deep (real files never nest).
     #[error("metadata {key:?}: arrays nested more than {max} deep")]
     ArrayTooDeep {
         /// The key.
