@@ -1,5 +1,6 @@
 //! Model shapes, the built-in synthetic models and their deterministic weights.
 
+pub mod gguf;
 pub mod llama;
 
 use crate::tokenizer::ByteTokenizer;
