@@ -525,8 +525,11 @@ spec:
                 "bench",
                 "--url",
                 &url,
+                // Three requests of ~30 blocks each on 64 blocks: two run and one waits,
+                // so the replica's KV stays near full between completions instead of
+                // dipping each time a request ends (a slow machine made it flap).
                 "--concurrency",
-                "2",
+                "3",
                 "--duration",
                 seconds,
             ])
@@ -571,7 +574,7 @@ spec:
         assert!(head.contains("x-ballast-replica: chat-1"), "{head}");
     }
     // Both hot: the second stays in rotation so that one replica always accepts.
-    let mut hot1 = pin("chat-1", "8");
+    let mut hot1 = pin("chat-1", "12");
     local.wait_status(
         "chat",
         Duration::from_secs(20),
