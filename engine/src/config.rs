@@ -8,7 +8,7 @@ use clap::builder::BoolishValueParser;
 use crate::admission::AdmissionLimits;
 use crate::dispatcher::DispatchPolicy;
 use crate::metrics::buckets::Buckets;
-use crate::model::{ModelError, ModelSpec};
+use crate::model::{ModelError, ModelSource, ModelSpec, ResolvedModel};
 use crate::scheduler::SchedulerConfig;
 
 /// Flags of `ballast engine`. Names follow vLLM where a vLLM user would look for them; every
@@ -246,6 +246,8 @@ const DEFAULT_KV_BYTES: usize = 256 << 20;
 pub struct EngineConfig {
     /// Model shapes (with `max_model_len` already applied).
     pub model: ModelSpec,
+    /// Where the weights come from.
+    pub source: ModelSource,
     /// `model` field clients must send, and the `model_name` label.
     pub served_model_name: String,
     /// HTTP address.
@@ -294,7 +296,10 @@ pub struct StatsConfig {
 impl EngineConfig {
     /// Validates flags into a configuration.
     pub fn from_args(a: &EngineArgs) -> Result<Self, ConfigError> {
-        let mut model = ModelSpec::from_model_arg(&a.model)?;
+        let ResolvedModel {
+            spec: mut model,
+            source,
+        } = ResolvedModel::resolve(&a.model)?;
         if a.data_parallel_size == 0 || a.data_parallel_size > 64 {
             return Err(bad("data-parallel-size", "must be between 1 and 64"));
         }
@@ -419,6 +424,7 @@ impl EngineConfig {
                 otlp_traces_endpoint: a.otlp_traces_endpoint.clone(),
             },
             model,
+            source,
         })
     }
 

@@ -17,7 +17,7 @@ use crate::dp::DpGroup;
 use crate::events::RequestId;
 use crate::executor::{Executor, ModelExecutor};
 use crate::metrics::{EngineMetrics, MetricsConfig};
-use crate::model::LlamaModel;
+use crate::model::{LlamaModel, LlamaWeights, ModelSource};
 use crate::output::{NewRoute, OutputProcessor, RequestUpdate, RouteTable};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{EngineRequest, Scheduler};
@@ -99,7 +99,15 @@ impl Engine {
                 .num_threads(n)
                 .build_global();
         }
-        let model = LlamaModel::synthetic(config.model.clone(), CpuBackend, config.seed);
+        let model = match &config.source {
+            ModelSource::Synthetic => {
+                LlamaModel::synthetic(config.model.clone(), CpuBackend, config.seed)
+            }
+            ModelSource::Gguf { tensors, .. } => {
+                let weights = LlamaWeights::upload(&CpuBackend, &config.model, tensors.clone());
+                LlamaModel::new(config.model.clone(), CpuBackend, Arc::new(weights))
+            }
+        };
         let s = config.scheduler;
         let executors = (0..config.data_parallel_size)
             .map(|_| {

@@ -3,8 +3,9 @@
 
 use rayon::prelude::*;
 
+use super::quant::{self, QuantKernel, QuantMatrix};
 use super::simd::{axpy, dot, dot4};
-use super::{Backend, KvLayout, StepMetadata};
+use super::{Backend, HostWeight, KvLayout, RopeStyle, StepMetadata};
 
 /// A row-major 2-D array of f32 in host memory.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +31,25 @@ impl CpuTensor {
     /// Row `r`.
     pub fn row(&self, r: usize) -> &[f32] {
         &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// A weight matrix of the CPU backend: dense f32, or quantized blocks read in place.
+#[derive(Debug, Clone)]
+pub enum CpuWeight {
+    /// Dense f32.
+    Dense(CpuTensor),
+    /// Quantized blocks.
+    Quant(QuantMatrix),
+}
+
+impl CpuWeight {
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            CpuWeight::Dense(t) => (t.rows, t.cols),
+            CpuWeight::Quant(q) => (q.rows, q.cols),
+        }
     }
 }
 
@@ -176,6 +196,7 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
+    type Weight = CpuWeight;
     type KvCache = CpuKvCache;
     type StepMeta = CpuStepMeta;
 
@@ -200,6 +221,28 @@ impl Backend for CpuBackend {
         (t.rows, t.cols)
     }
 
+    fn upload_weight(&self, w: HostWeight<'_>) -> CpuWeight {
+        match w {
+            HostWeight::F32 { data, rows, cols } => {
+                assert_eq!(
+                    data.len(),
+                    rows * cols,
+                    "upload_weight: data does not match shape"
+                );
+                CpuWeight::Dense(CpuTensor {
+                    data: data.into_owned(),
+                    rows,
+                    cols,
+                })
+            }
+            HostWeight::Quant(q) => CpuWeight::Quant(q),
+        }
+    }
+
+    fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
+        w.shape()
+    }
+
     fn alloc_kv_cache(&self, layout: KvLayout) -> CpuKvCache {
         let layer = || vec![0.0f32; layout.layer_len()];
         CpuKvCache {
@@ -221,17 +264,24 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn embedding(&self, table: &CpuTensor, meta: &CpuStepMeta) -> CpuTensor {
+    fn embedding(&self, table: &CpuWeight, meta: &CpuStepMeta) -> CpuTensor {
         let ids = &meta.meta.token_ids;
-        let mut out = CpuTensor::zeros(ids.len(), table.cols);
-        for (row, &id) in out.data.chunks_mut(table.cols).zip(ids) {
-            row.copy_from_slice(table.row(id as usize));
+        let cols = table.shape().1;
+        let mut out = CpuTensor::zeros(ids.len(), cols);
+        for (row, &id) in out.data.chunks_mut(cols).zip(ids) {
+            match table {
+                CpuWeight::Dense(t) => row.copy_from_slice(t.row(id as usize)),
+                CpuWeight::Quant(q) => q.dequantize_row(id as usize, row),
+            }
         }
         out
     }
 
-    fn matmul(&self, x: &CpuTensor, w: &CpuTensor) -> CpuTensor {
-        self.matmul_with(x, w, MatmulKernel::Auto)
+    fn matmul(&self, x: &CpuTensor, w: &CpuWeight) -> CpuTensor {
+        match w {
+            CpuWeight::Dense(w) => self.matmul_with(x, w, MatmulKernel::Auto),
+            CpuWeight::Quant(w) => quant::matmul(x, w, QuantKernel::Auto),
+        }
     }
 
     fn rms_norm(&self, x: &CpuTensor, weight: &CpuTensor, eps: f32) -> CpuTensor {
@@ -258,6 +308,7 @@ impl Backend for CpuBackend {
         sin: &CpuTensor,
         meta: &CpuStepMeta,
         num_heads: usize,
+        style: RopeStyle,
     ) {
         let head_dim = x.cols / num_heads;
         let half = head_dim / 2;
@@ -268,11 +319,17 @@ impl Backend for CpuBackend {
             .zip(meta.meta.positions.par_iter())
             .for_each(|(row, &pos)| {
                 let (c, s) = (cos.row(pos as usize), sin.row(pos as usize));
+                // Dimension pairs (i, i + half) or (2i, 2i + 1).
+                let (pair, step) = match style {
+                    RopeStyle::Halves => (half, 1),
+                    RopeStyle::Pairs => (1, 2),
+                };
                 for head in row.chunks_mut(head_dim) {
                     for i in 0..half {
-                        let (a, b) = (head[i], head[i + half]);
-                        head[i] = a * c[i] - b * s[i];
-                        head[i + half] = b * c[i] + a * s[i];
+                        let (ia, ib) = (i * step, i * step + pair);
+                        let (a, b) = (head[ia], head[ib]);
+                        head[ia] = a * c[i] - b * s[i];
+                        head[ib] = b * c[i] + a * s[i];
                     }
                 }
             });

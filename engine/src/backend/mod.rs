@@ -7,9 +7,40 @@
 //! implements the same trait and must produce the same greedy tokens.
 
 pub mod cpu;
+pub mod quant;
 mod simd;
 
 use crate::sampling::SamplingSlot;
+use quant::QuantMatrix;
+
+/// A weight matrix on the host, `[rows, cols]` = `[out_features, in_features]`, in the form
+/// the model stores it. A backend may keep quantized blocks as they are and multiply by them
+/// directly.
+#[derive(Debug, Clone)]
+pub enum HostWeight<'a> {
+    /// Dense f32, row-major.
+    F32 {
+        /// `rows * cols` values.
+        data: std::borrow::Cow<'a, [f32]>,
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+    },
+    /// Quantized blocks, typically in a memory-mapped model file.
+    Quant(QuantMatrix),
+}
+
+/// How rotary embedding pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RopeStyle {
+    /// Dimension `i` rotates with `i + head_dim/2` (Hugging Face Llama checkpoints).
+    #[default]
+    Halves,
+    /// Dimension `2i` rotates with `2i + 1` (GGUF Llama files, whose converter permutes the
+    /// Q and K rows into this order). Same attention as `Halves` on unpermuted weights.
+    Pairs,
+}
 
 /// Shape of one rank's paged KV cache. Every layer holds a K and a V array laid out as
 /// `[num_blocks, block_size, num_kv_heads, head_dim]`, so token slot `s` of layer `l` lives at
@@ -106,6 +137,8 @@ impl StepMetadata {
 pub trait Backend: Send + Sync + 'static {
     /// A device buffer with a 2-D shape.
     type Tensor: Send + Sync;
+    /// A weight matrix, possibly quantized.
+    type Weight: Send + Sync;
     /// One rank's paged KV cache (every layer).
     type KvCache: Send;
     /// Step metadata after the backend has made it usable (uploaded to the device, indexed).
@@ -119,20 +152,24 @@ pub trait Backend: Send + Sync + 'static {
     fn download(&self, t: &Self::Tensor) -> Vec<f32>;
     /// `(rows, cols)` of a tensor.
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+    /// Makes a weight matrix usable by [`Backend::matmul`] and [`Backend::embedding`].
+    fn upload_weight(&self, w: HostWeight<'_>) -> Self::Weight;
+    /// `(rows, cols)` of a weight matrix.
+    fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     /// A zeroed KV cache with the given layout.
     fn alloc_kv_cache(&self, layout: KvLayout) -> Self::KvCache;
     /// Prepares the step metadata once per step, before any op uses it.
     fn prepare_step(&self, meta: &StepMetadata) -> Self::StepMeta;
 
     /// Rows of `table` selected by the step's token ids: `[tokens, hidden]`.
-    fn embedding(&self, table: &Self::Tensor, meta: &Self::StepMeta) -> Self::Tensor;
+    fn embedding(&self, table: &Self::Weight, meta: &Self::StepMeta) -> Self::Tensor;
     /// `x · wᵀ` with `x: [m, k]`, `w: [n, k]` → `[m, n]`.
-    fn matmul(&self, x: &Self::Tensor, w: &Self::Tensor) -> Self::Tensor;
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Weight) -> Self::Tensor;
     /// Row-wise RMSNorm: `x / sqrt(mean(x²) + eps) * weight`, `weight: [1, cols]`.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Self::Tensor;
     /// Rotary embedding in place on `x: [tokens, num_heads * head_dim]` at the step's
-    /// positions, rotating dimension `i` with `i + head_dim/2` (the Hugging Face Llama layout).
-    /// `cos`/`sin` are `[max_positions, head_dim / 2]` tables.
+    /// positions, pairing dimensions as `style` says; frequency `i` of the table rotates pair
+    /// `i`. `cos`/`sin` are `[max_positions, head_dim / 2]` tables.
     fn rope(
         &self,
         x: &mut Self::Tensor,
@@ -140,6 +177,7 @@ pub trait Backend: Send + Sync + 'static {
         sin: &Self::Tensor,
         meta: &Self::StepMeta,
         num_heads: usize,
+        style: RopeStyle,
     );
     /// Writes each token's K and V row into its slot of layer `layer`.
     fn write_kv(

@@ -1,64 +1,136 @@
 //! The Llama architecture written once against [`Backend`]: RMSNorm, RoPE, grouped-query
 //! attention over the paged KV cache, SwiGLU feed-forward.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::{HostWeights, ModelSpec};
-use crate::backend::{Backend, KvLayout, StepMetadata};
+use crate::backend::{Backend, HostWeight, KvLayout, StepMetadata};
+
+/// Every tensor of a Llama model on the host, before upload: borrowed from generated
+/// weights or from a memory-mapped model file.
+#[derive(Debug, Clone)]
+pub struct ModelTensors<'a> {
+    /// `[vocab, hidden]`.
+    pub embed: HostWeight<'a>,
+    /// One entry per layer.
+    pub layers: Vec<LayerTensors<'a>>,
+    /// `[hidden]`.
+    pub final_norm: Cow<'a, [f32]>,
+    /// `[vocab, hidden]`, or `None` when the output head is the embedding table (tied).
+    pub lm_head: Option<HostWeight<'a>>,
+}
+
+/// The tensors of one transformer layer, matrices `[out, in]`.
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub struct LayerTensors<'a> {
+    pub attn_norm: Cow<'a, [f32]>,
+    pub wq: HostWeight<'a>,
+    pub wk: HostWeight<'a>,
+    pub wv: HostWeight<'a>,
+    pub wo: HostWeight<'a>,
+    pub ffn_norm: Cow<'a, [f32]>,
+    pub w_gate: HostWeight<'a>,
+    pub w_up: HostWeight<'a>,
+    pub w_down: HostWeight<'a>,
+}
+
+impl HostWeights {
+    /// Views of these weights as model tensors.
+    pub fn tensors(&self, spec: &ModelSpec) -> ModelTensors<'_> {
+        let h = spec.hidden_size;
+        fn dense(data: &[f32], rows: usize) -> HostWeight<'_> {
+            HostWeight::F32 {
+                data: Cow::Borrowed(data),
+                rows,
+                cols: data.len() / rows.max(1),
+            }
+        }
+        ModelTensors {
+            embed: dense(&self.embed, spec.vocab_size),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerTensors {
+                    attn_norm: Cow::Borrowed(&l.attn_norm),
+                    wq: dense(&l.wq, spec.q_size()),
+                    wk: dense(&l.wk, spec.kv_size()),
+                    wv: dense(&l.wv, spec.kv_size()),
+                    wo: dense(&l.wo, h),
+                    ffn_norm: Cow::Borrowed(&l.ffn_norm),
+                    w_gate: dense(&l.w_gate, spec.intermediate_size),
+                    w_up: dense(&l.w_up, spec.intermediate_size),
+                    w_down: dense(&l.w_down, h),
+                })
+                .collect(),
+            final_norm: Cow::Borrowed(&self.final_norm),
+            lm_head: Some(dense(&self.lm_head, spec.vocab_size)),
+        }
+    }
+}
 
 /// Device weights of one layer.
 struct Layer<B: Backend> {
     attn_norm: B::Tensor,
-    wq: B::Tensor,
-    wk: B::Tensor,
-    wv: B::Tensor,
-    wo: B::Tensor,
+    wq: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    wo: B::Weight,
     ffn_norm: B::Tensor,
-    w_gate: B::Tensor,
-    w_up: B::Tensor,
-    w_down: B::Tensor,
+    w_gate: B::Weight,
+    w_up: B::Weight,
+    w_down: B::Weight,
 }
 
 /// Device weights of a whole model plus its RoPE tables. Shared read-only by all DP ranks.
 pub struct LlamaWeights<B: Backend> {
-    embed: B::Tensor,
+    embed: B::Weight,
     layers: Vec<Layer<B>>,
     final_norm: B::Tensor,
-    lm_head: B::Tensor,
+    /// `None` when tied to `embed`.
+    lm_head: Option<B::Weight>,
     rope_cos: B::Tensor,
     rope_sin: B::Tensor,
 }
 
 impl<B: Backend> LlamaWeights<B> {
-    /// Uploads host weights to `backend`.
-    pub fn upload(backend: &B, spec: &ModelSpec, host: &HostWeights) -> Self {
+    /// Uploads host tensors to `backend`. Shapes must already have been checked against
+    /// `spec` (the loaders do; [`HostWeights::tensors`] cannot be wrong).
+    pub fn upload(backend: &B, spec: &ModelSpec, host: ModelTensors<'_>) -> Self {
         let h = spec.hidden_size;
-        let up = |data: &[f32], rows: usize, cols: usize| backend.upload(data, rows, cols);
+        let norm = |data: &[f32]| backend.upload(data, 1, h);
+        let up = |w: HostWeight<'_>| backend.upload_weight(w);
         let layers = host
             .layers
-            .iter()
+            .into_iter()
             .map(|l| Layer {
-                attn_norm: up(&l.attn_norm, 1, h),
-                wq: up(&l.wq, spec.q_size(), h),
-                wk: up(&l.wk, spec.kv_size(), h),
-                wv: up(&l.wv, spec.kv_size(), h),
-                wo: up(&l.wo, h, spec.q_size()),
-                ffn_norm: up(&l.ffn_norm, 1, h),
-                w_gate: up(&l.w_gate, spec.intermediate_size, h),
-                w_up: up(&l.w_up, spec.intermediate_size, h),
-                w_down: up(&l.w_down, h, spec.intermediate_size),
+                attn_norm: norm(&l.attn_norm),
+                wq: up(l.wq),
+                wk: up(l.wk),
+                wv: up(l.wv),
+                wo: up(l.wo),
+                ffn_norm: norm(&l.ffn_norm),
+                w_gate: up(l.w_gate),
+                w_up: up(l.w_up),
+                w_down: up(l.w_down),
             })
             .collect();
         let (cos, sin) = rope_tables(spec);
         let half = spec.head_dim / 2;
         Self {
-            embed: up(&host.embed, spec.vocab_size, h),
+            embed: up(host.embed),
             layers,
-            final_norm: up(&host.final_norm, 1, h),
-            lm_head: up(&host.lm_head, spec.vocab_size, h),
-            rope_cos: up(&cos, spec.max_model_len, half),
-            rope_sin: up(&sin, spec.max_model_len, half),
+            final_norm: norm(&host.final_norm),
+            lm_head: host.lm_head.map(up),
+            rope_cos: backend.upload(&cos, spec.max_model_len, half),
+            rope_sin: backend.upload(&sin, spec.max_model_len, half),
         }
+    }
+
+    /// Whether the output head is the embedding table.
+    pub fn tied_embeddings(&self) -> bool {
+        self.lm_head.is_none()
     }
 }
 
@@ -110,7 +182,7 @@ impl<B: Backend> LlamaModel<B> {
     /// Builds the synthetic model `spec` with weights from `seed`.
     pub fn synthetic(spec: ModelSpec, backend: B, seed: u64) -> Self {
         let host = HostWeights::synthetic(&spec, seed);
-        let weights = Arc::new(LlamaWeights::upload(&backend, &spec, &host));
+        let weights = Arc::new(LlamaWeights::upload(&backend, &spec, host.tensors(&spec)));
         Self::new(spec, backend, weights)
     }
 
@@ -138,8 +210,22 @@ impl<B: Backend> LlamaModel<B> {
             let mut q = b.matmul(&h, &l.wq);
             let mut k = b.matmul(&h, &l.wk);
             let v = b.matmul(&h, &l.wv);
-            b.rope(&mut q, &w.rope_cos, &w.rope_sin, &m, s.num_heads);
-            b.rope(&mut k, &w.rope_cos, &w.rope_sin, &m, s.num_kv_heads);
+            b.rope(
+                &mut q,
+                &w.rope_cos,
+                &w.rope_sin,
+                &m,
+                s.num_heads,
+                s.rope_style,
+            );
+            b.rope(
+                &mut k,
+                &w.rope_cos,
+                &w.rope_sin,
+                &m,
+                s.num_kv_heads,
+                s.rope_style,
+            );
             // Every token's K/V is written before any attention reads, so a sequence in this
             // batch may attend to blocks another sequence fills in the same step.
             b.write_kv(cache, i, &k, &v, &m);
@@ -152,7 +238,7 @@ impl<B: Backend> LlamaModel<B> {
         // Only rows that sample need the (vocab-wide) output head.
         let last = b.gather_logits_rows(&x, &m);
         let last = b.rms_norm(&last, &w.final_norm, s.rms_norm_eps);
-        b.matmul(&last, &w.lm_head)
+        b.matmul(&last, w.lm_head.as_ref().unwrap_or(&w.embed))
     }
 }
 

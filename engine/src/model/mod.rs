@@ -3,10 +3,14 @@
 pub mod gguf;
 pub mod llama;
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::backend::RopeStyle;
 use crate::tokenizer::ByteTokenizer;
 use ballast_rng::SplitMix64;
 
-pub use llama::{LlamaModel, LlamaWeights};
+pub use llama::{LayerTensors, LlamaModel, LlamaWeights, ModelTensors};
 
 /// Shapes of a Llama-architecture model (RMSNorm, RoPE, GQA, SwiGLU).
 #[derive(Debug, Clone, PartialEq)]
@@ -33,10 +37,12 @@ pub struct ModelSpec {
     pub rope_theta: f32,
     /// RMSNorm epsilon.
     pub rms_norm_eps: f32,
+    /// How RoPE pairs the dimensions of a head, which follows how the Q and K rows are stored.
+    pub rope_style: RopeStyle,
 }
 
 /// Errors naming what is wrong with a `--model` value.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// `synthetic:NAME` with an unknown NAME.
     #[error("unknown synthetic model {0:?}; available: {available}", available = SYNTHETIC_NAMES.join(", "))]
@@ -46,15 +52,159 @@ pub enum ModelError {
         "{0} has {1} parameters and is reserved for the CUDA backend; use synthetic:tiny or synthetic:small on CPU"
     )]
     NeedsGpu(String, String),
-    /// Real model files are not supported yet.
+    /// Neither a synthetic model, a known name nor an existing file.
     #[error(
-        "loading model files ({0}) is not supported yet; use synthetic:tiny or synthetic:small"
+        "--model {0:?} is not a file, a known model ({known}) or synthetic:NAME ({synthetic})",
+        known = KNOWN_MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
+        synthetic = SYNTHETIC_NAMES.join(", ")
     )]
-    FilesUnsupported(String),
+    NotFound(String),
+    /// A known model whose file has not been fetched.
+    #[error(
+        "{name} is not in the model cache (looked for {path}); run scripts/fetch-model.sh {name} first, or set BALLAST_MODEL_CACHE"
+    )]
+    NotCached {
+        /// The documented name.
+        name: String,
+        /// Where its file should be.
+        path: PathBuf,
+    },
+    /// A file that is not a model Ballast can run.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: gguf::GgufError,
+    },
+    /// A file format Ballast does not read.
+    #[error("{0}: only GGUF files (.gguf) can be served so far")]
+    UnsupportedFormat(PathBuf),
 }
 
 /// Names accepted after `synthetic:`.
 pub const SYNTHETIC_NAMES: [&str; 3] = ["tiny", "small", "llama-3-8b"];
+
+/// A real model `--model` accepts by name, resolved to a file in the model cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownModel {
+    /// What to pass to `--model`.
+    pub name: &'static str,
+    /// File name in the cache directory.
+    pub file: &'static str,
+}
+
+/// Real models known by name. `scripts/fetch-model.sh NAME` puts each in the cache.
+pub const KNOWN_MODELS: [KnownModel; 1] = [KnownModel {
+    name: "smollm2-135m",
+    file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+}];
+
+/// The model cache: `$BALLAST_MODEL_CACHE`, else `$HOME/.cache/ballast/models` (the same
+/// rule as `scripts/fetch-model.sh`).
+pub fn model_cache_dir() -> PathBuf {
+    match std::env::var_os("BALLAST_MODEL_CACHE") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
+            Path::new(&home).join(".cache/ballast/models")
+        }
+    }
+}
+
+/// Where a model's weights come from.
+#[derive(Clone)]
+pub enum ModelSource {
+    /// Generated from the engine's seed.
+    Synthetic,
+    /// A GGUF file, memory-mapped; its tensors already checked against the spec.
+    Gguf {
+        /// The file.
+        path: PathBuf,
+        /// The mapped file.
+        file: Arc<gguf::GgufFile>,
+        /// Its tensors (quantized ones borrow the map).
+        tensors: ModelTensors<'static>,
+    },
+}
+
+impl std::fmt::Debug for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelSource::Synthetic => f.write_str("Synthetic"),
+            ModelSource::Gguf { path, .. } => f.debug_tuple("Gguf").field(path).finish(),
+        }
+    }
+}
+
+/// A `--model` value resolved to shapes and a weight source.
+#[derive(Debug, Clone)]
+pub struct ResolvedModel {
+    /// Shapes.
+    pub spec: ModelSpec,
+    /// Weights.
+    pub source: ModelSource,
+}
+
+impl ResolvedModel {
+    /// Resolves a `--model` value for the CPU backend: `synthetic:NAME`, a known name
+    /// ([`KNOWN_MODELS`]) or a path to a `.gguf` file. A file is mapped and every tensor it
+    /// needs is checked, so a bad file fails here, before the engine starts.
+    pub fn resolve(model: &str) -> Result<Self, ModelError> {
+        if let Some(name) = model.strip_prefix("synthetic:") {
+            let spec = ModelSpec::synthetic(name)?;
+            if spec.num_params() > 1_000_000_000 {
+                return Err(ModelError::NeedsGpu(
+                    spec.name.clone(),
+                    format!("{:.1} B", spec.num_params() as f64 / 1e9),
+                ));
+            }
+            return Ok(Self {
+                spec,
+                source: ModelSource::Synthetic,
+            });
+        }
+        let path = match KNOWN_MODELS.iter().find(|m| m.name == model) {
+            Some(known) => {
+                let path = model_cache_dir().join(known.file);
+                if !path.is_file() {
+                    return Err(ModelError::NotCached {
+                        name: known.name.to_string(),
+                        path,
+                    });
+                }
+                path
+            }
+            None => PathBuf::from(model),
+        };
+        if !path.is_file() {
+            return Err(ModelError::NotFound(model.to_string()));
+        }
+        if path.extension().and_then(|e| e.to_str()) != Some("gguf") {
+            return Err(ModelError::UnsupportedFormat(path));
+        }
+        Self::open_gguf(&path)
+    }
+
+    /// Maps a GGUF file and checks its hyperparameters and tensors.
+    pub fn open_gguf(path: &Path) -> Result<Self, ModelError> {
+        let err = |source| ModelError::File {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = Arc::new(gguf::GgufFile::open(path).map_err(err)?);
+        let spec = file.llama_spec().map_err(err)?;
+        let tensors = file.llama_tensors(&spec).map_err(err)?;
+        Ok(Self {
+            spec,
+            source: ModelSource::Gguf {
+                path: path.to_path_buf(),
+                file,
+                tensors,
+            },
+        })
+    }
+}
 
 impl ModelSpec {
     /// Shapes of a built-in synthetic model.
@@ -74,6 +224,7 @@ impl ModelSpec {
                 max_model_len: 1024,
                 rope_theta: 10_000.0,
                 rms_norm_eps: 1e-5,
+                rope_style: RopeStyle::Halves,
             },
             // About 25 M parameters: a CPU benchmark model whose steps cost milliseconds.
             "small" => Self {
@@ -88,6 +239,7 @@ impl ModelSpec {
                 max_model_len: 4096,
                 rope_theta: 10_000.0,
                 rms_norm_eps: 1e-5,
+                rope_style: RopeStyle::Halves,
             },
             // Llama-3-8B's shapes, so GPU benchmarks run at a realistic size.
             "llama-3-8b" => Self {
@@ -102,27 +254,11 @@ impl ModelSpec {
                 max_model_len: 8192,
                 rope_theta: 500_000.0,
                 rms_norm_eps: 1e-5,
+                rope_style: RopeStyle::Halves,
             },
             other => return Err(ModelError::UnknownSynthetic(other.to_string())),
         };
         Ok(spec)
-    }
-
-    /// Parses a `--model` value for the CPU backend.
-    pub fn from_model_arg(model: &str) -> Result<Self, ModelError> {
-        match model.strip_prefix("synthetic:") {
-            Some(name) => {
-                let spec = Self::synthetic(name)?;
-                if spec.num_params() > 1_000_000_000 {
-                    return Err(ModelError::NeedsGpu(
-                        spec.name.clone(),
-                        format!("{:.1} B", spec.num_params() as f64 / 1e9),
-                    ));
-                }
-                Ok(spec)
-            }
-            None => Err(ModelError::FilesUnsupported(model.to_string())),
-        }
     }
 
     /// Width of the query projection.
@@ -252,24 +388,22 @@ mod tests {
 
     #[test]
     fn model_arg_errors_are_specific() {
+        let resolve = |m: &str| ResolvedModel::resolve(m).map(|r| r.spec);
         assert!(matches!(
-            ModelSpec::from_model_arg("synthetic:huge"),
+            resolve("synthetic:huge"),
             Err(ModelError::UnknownSynthetic(_))
         ));
         assert!(matches!(
-            ModelSpec::from_model_arg("synthetic:llama-3-8b"),
+            resolve("synthetic:llama-3-8b"),
             Err(ModelError::NeedsGpu(..))
         ));
+        assert!(matches!(resolve("/models/x"), Err(ModelError::NotFound(_))));
+        let not_gguf = std::env::current_exe().unwrap();
         assert!(matches!(
-            ModelSpec::from_model_arg("/models/x"),
-            Err(ModelError::FilesUnsupported(_))
+            resolve(not_gguf.to_str().unwrap()),
+            Err(ModelError::UnsupportedFormat(_))
         ));
-        assert_eq!(
-            ModelSpec::from_model_arg("synthetic:tiny")
-                .unwrap()
-                .hidden_size,
-            64
-        );
+        assert_eq!(resolve("synthetic:tiny").unwrap().hidden_size, 64);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::ops::Deref;
 
 use super::{GgufError, GgufFile, MetaArray, Metadata};
+use crate::backend::RopeStyle;
 use crate::model::ModelSpec;
 
 /// Values of `general.architecture` that [`GgufFile::llama_spec`] accepts. Other Llama-shaped
@@ -133,6 +134,8 @@ impl<D: Deref<Target = [u8]>> GgufFile<D> {
             max_model_len,
             rope_theta: rope_theta as f32,
             rms_norm_eps: rms_norm_eps as f32,
+            // llama.cpp's converter permutes Llama Q/K rows for its pairwise rotation.
+            rope_style: RopeStyle::Pairs,
         })
     }
 

@@ -23,6 +23,7 @@ mod dtype;
 mod hparams;
 mod parse;
 mod value;
+mod weights;
 
 #[cfg(test)]
 pub(crate) mod test_writer;
@@ -241,6 +242,26 @@ pub enum GgufError {
         /// Why.
         reason: String,
     },
+    /// A model tensor whose shape differs from what the hyperparameters say.
+    #[error("tensor {tensor:?} has dims {found:?}; the hyperparameters need {expected:?}")]
+    WrongTensorShape {
+        /// The tensor.
+        tensor: String,
+        /// Dims expected, innermost first.
+        expected: Vec<u64>,
+        /// Dims in the file.
+        found: Vec<u64>,
+    },
+    /// A model tensor in a type the engine cannot compute with.
+    #[error(
+        "tensor {tensor:?} is {dtype}; Ballast runs F32, F16, BF16, Q8_0, Q4_0 and Q4_1 weights"
+    )]
+    UnsupportedTensorType {
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        dtype: GgmlType,
+    },
 }
 
 impl GgufError {
@@ -273,6 +294,8 @@ impl GgufError {
             GgufError::WrongType { .. } => "wrong_type",
             GgufError::UnsupportedArchitecture(_) => "unsupported_architecture",
             GgufError::InvalidHyperparameter { .. } => "invalid_hyperparameter",
+            GgufError::WrongTensorShape { .. } => "wrong_tensor_shape",
+            GgufError::UnsupportedTensorType { .. } => "unsupported_tensor_type",
         }
     }
 }
@@ -447,6 +470,13 @@ impl GgufFile<Mmap> {
         // if someone does, reads may fault, but no Rust reference outlives the map.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         Self::from_bytes(map)
+    }
+}
+
+/// The whole file, so tensors can borrow from a shared file ([`crate::backend::quant::SharedBytes`]).
+impl<D: Deref<Target = [u8]>> AsRef<[u8]> for GgufFile<D> {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
     }
 }
 

@@ -533,6 +533,7 @@ fn llama_spec_reads_every_hyperparameter() {
             max_model_len: 2048,
             rope_theta: 100_000.0,
             rms_norm_eps: 1e-5,
+            rope_style: crate::backend::RopeStyle::Pairs,
         }
     );
 }

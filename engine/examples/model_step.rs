@@ -1,0 +1,88 @@
+//! Runs a model file's forward pass on token ids and prints the top logits and greedy
+//! continuation: a check of the loader and kernels that needs no tokenizer.
+//!
+//! `cargo run --release -p ballast-engine --example model_step -- MODEL [ID ...] [--gen N]`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ballast_engine::backend::cpu::CpuBackend;
+use ballast_engine::backend::{Backend, SeqSlice, StepMetadata};
+use ballast_engine::model::{LlamaModel, LlamaWeights, ModelSource, ResolvedModel};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let model_arg = args
+        .next()
+        .expect("usage: model_step MODEL [ID ...] [--gen N]");
+    let mut ids = Vec::new();
+    let mut gen_n = 16usize;
+    while let Some(a) = args.next() {
+        if a == "--gen" {
+            gen_n = args.next().and_then(|v| v.parse().ok()).expect("--gen N");
+        } else {
+            ids.push(a.parse::<u32>().expect("token ids are integers"));
+        }
+    }
+    let resolved = ResolvedModel::resolve(&model_arg).unwrap_or_else(|e| panic!("{e}"));
+    let ModelSource::Gguf { file, tensors, .. } = resolved.source else {
+        panic!("model_step reads model files")
+    };
+    let vocab = file.tokenizer_metadata().unwrap().tokens.to_vec();
+    let spec = resolved.spec;
+    let weights = Arc::new(LlamaWeights::upload(&CpuBackend, &spec, tensors));
+    let model = LlamaModel::new(spec.clone(), CpuBackend, weights);
+    let bs = 16u32;
+    let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(64, bs as usize));
+    let step = |cache: &mut _, tokens: &[u32], start: u32| {
+        let n = tokens.len() as u32;
+        let end = start + n;
+        let meta = StepMetadata {
+            token_ids: tokens.to_vec(),
+            positions: (start..end).collect(),
+            slot_mapping: (start..end).collect(),
+            seqs: vec![SeqSlice {
+                query_start: 0,
+                query_len: n,
+                context_len: start,
+                block_table_start: 0,
+                block_table_len: end.div_ceil(bs),
+            }],
+            block_tables: (0..end.div_ceil(bs)).collect(),
+            logits_rows: vec![n - 1],
+            block_size: bs,
+        };
+        model.forward(cache, &meta).data
+    };
+    let t = Instant::now();
+    let logits = step(&mut cache, &ids, 0);
+    let prefill = t.elapsed();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    for &i in &order[..5] {
+        println!("top {i:6} {:10.4} {:?}", logits[i], vocab[i]);
+    }
+    let mut next = order[0] as u32;
+    let mut out = vec![next];
+    let t = Instant::now();
+    for p in 0..gen_n.saturating_sub(1) {
+        let l = step(&mut cache, &[next], (ids.len() + p) as u32);
+        next = (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
+        out.push(next);
+    }
+    let decode = t.elapsed();
+    let text: String = out
+        .iter()
+        .map(|&i| vocab[i as usize].replace('Ġ', " ").replace('Ċ', "\n"))
+        .collect();
+    println!("greedy ids: {out:?}");
+    println!("greedy text: {text:?}");
+    println!(
+        "prefill {} tokens in {:.1} ms ({:.0} tok/s); decode {} tokens at {:.1} tok/s",
+        ids.len(),
+        prefill.as_secs_f64() * 1e3,
+        ids.len() as f64 / prefill.as_secs_f64(),
+        gen_n - 1,
+        (gen_n - 1) as f64 / decode.as_secs_f64()
+    );
+}
