@@ -1,6 +1,6 @@
 //! Quantized matmul kernels against f32 on SmolLM2-135M's matrix shapes, side by side in one
-//! run: the AVX2 kernel, the portable kernel, and the f32 path over the same weights
-//! dequantized. Reports microseconds per call, weight bytes streamed per second and, for
+//! run: the integer (AVX2) kernel, the portable one, dequantize-then-GEMM (what prefill
+//! uses), and the f32 GEMM over weights dequantized beforehand. Reports microseconds per call, weight bytes streamed per second and, for
 //! one thread, nanoseconds per 32-weight block.
 //!
 //! `cargo bench -p ballast-engine --bench quant_matmul` (set `RAYON_NUM_THREADS=1` for the
@@ -38,8 +38,8 @@ fn main() {
         rayon::current_num_threads()
     );
     println!(
-        "{:<16} {:>4} {:>10} {:>8} {:>8} {:>10} {:>10} {:>8}",
-        "matrix", "m", "simd µs", "GB/s", "ns/blk", "portable", "f32 µs", "f32/simd"
+        "{:<16} {:>4} {:>10} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9}",
+        "matrix", "m", "int8 µs", "GB/s", "ns/blk", "portable", "deq+gemm", "f32 only", "gemm/int8"
     );
     let shapes = [
         ("ffn_up Q4_1", QuantFormat::Q4_1, 1536, 576),
@@ -54,10 +54,13 @@ fn main() {
         for r in 0..n {
             w.dequantize_row(r, &mut deq.data[r * k..(r + 1) * k]);
         }
-        for m in [1, 4, 16, 64] {
+        for m in [1, 4, 16, 32, 64, 128] {
             let x = random(m, k, &mut rng);
             let simd = time(|| {
-                std::hint::black_box(quant::matmul(&x, &w, QuantKernel::Auto));
+                std::hint::black_box(quant::matmul(&x, &w, QuantKernel::Int8));
+            });
+            let gemm = time(|| {
+                std::hint::black_box(quant::matmul(&x, &w, QuantKernel::Gemm));
             });
             let portable = time(|| {
                 std::hint::black_box(quant::matmul(&x, &w, QuantKernel::Portable));
@@ -67,13 +70,14 @@ fn main() {
             });
             let blocks = (n * k / BLOCK * m) as f64;
             println!(
-                "{name:<16} {m:>4} {:>10.1} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>8.2}",
+                "{name:<16} {m:>4} {:>10.1} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>10.1} {:>9.2}",
                 simd * 1e6,
                 w.bytes().len() as f64 / simd / 1e9,
                 simd * 1e9 * rayon::current_num_threads() as f64 / blocks,
                 portable * 1e6,
+                gemm * 1e6,
                 f32_path * 1e6,
-                f32_path / simd,
+                gemm / simd,
             );
         }
     }

@@ -522,10 +522,14 @@ mod avx2 {
 /// Which dot kernel a matmul uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantKernel {
-    /// The fastest the CPU supports.
+    /// Integer block dots below [`GEMM_ROWS`] rows, [`QuantKernel::Gemm`] from there on.
     Auto,
-    /// The portable reference.
+    /// Integer block dots with the CPU's SIMD, whatever the row count.
+    Int8,
+    /// Integer block dots in portable code: the reference.
     Portable,
+    /// Dequantize slabs of weight rows and run the f32 GEMM.
+    Gemm,
 }
 
 fn use_simd(kernel: QuantKernel) -> bool {
@@ -533,7 +537,7 @@ fn use_simd(kernel: QuantKernel) -> bool {
     {
         use std::sync::OnceLock;
         static AVX2: OnceLock<bool> = OnceLock::new();
-        kernel == QuantKernel::Auto && *AVX2.get_or_init(avx2::available)
+        kernel != QuantKernel::Portable && *AVX2.get_or_init(avx2::available)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -557,7 +561,7 @@ unsafe impl Sync for OutPtr {}
 /// product costs about as many instructions as the f32 FMAs it replaces, and the GEMM's
 /// register blocking reuses each loaded value far more. Measured with
 /// `cargo bench -p ballast-engine --bench quant_matmul`.
-pub const GEMM_ROWS: usize = 16;
+pub const GEMM_ROWS: usize = 24;
 
 /// `x · wᵀ` with `x: [m, k]` f32 and `w: [n, k]` quantized → `[m, n]`.
 ///
@@ -577,7 +581,12 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
         return out;
     }
     let ptr = OutPtr(out.data.as_mut_ptr());
-    if m >= GEMM_ROWS && kernel == QuantKernel::Auto {
+    let gemm = match kernel {
+        QuantKernel::Auto => m >= GEMM_ROWS,
+        QuantKernel::Gemm => true,
+        QuantKernel::Int8 | QuantKernel::Portable => false,
+    };
+    if gemm {
         // Slabs big enough to amortise packing x, small enough to stay in L2 as f32.
         let per = n
             .div_ceil(rayon::current_num_threads().max(1) * 4)
