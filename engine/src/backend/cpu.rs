@@ -284,6 +284,22 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn matmul_n<const N: usize>(&self, x: &CpuTensor, ws: [&CpuWeight; N]) -> [CpuTensor; N] {
+        let quant: Vec<&QuantMatrix> = ws
+            .iter()
+            .filter_map(|w| match w {
+                CpuWeight::Quant(q) => Some(q),
+                CpuWeight::Dense(_) => None,
+            })
+            .collect();
+        if quant.len() < N {
+            return ws.map(|w| self.matmul(x, w));
+        }
+        let outs = quant::matmul_many(x, &quant, QuantKernel::Auto);
+        outs.try_into()
+            .unwrap_or_else(|_| unreachable!("one output per weight"))
+    }
+
     fn rms_norm(&self, x: &CpuTensor, weight: &CpuTensor, eps: f32) -> CpuTensor {
         let mut out = CpuTensor::zeros(x.rows, x.cols);
         let cols = x.cols;

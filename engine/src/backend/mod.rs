@@ -165,6 +165,15 @@ pub trait Backend: Send + Sync + 'static {
     fn embedding(&self, table: &Self::Weight, meta: &Self::StepMeta) -> Self::Tensor;
     /// `x · wᵀ` with `x: [m, k]`, `w: [n, k]` → `[m, n]`.
     fn matmul(&self, x: &Self::Tensor, w: &Self::Weight) -> Self::Tensor;
+    /// Several products of the same `x` (Q/K/V, gate/up), which a backend may run as one
+    /// pass; equal to [`Backend::matmul`] on each.
+    fn matmul_n<const N: usize>(
+        &self,
+        x: &Self::Tensor,
+        ws: [&Self::Weight; N],
+    ) -> [Self::Tensor; N] {
+        ws.map(|w| self.matmul(x, w))
+    }
     /// Row-wise RMSNorm: `x / sqrt(mean(x²) + eps) * weight`, `weight: [1, cols]`.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Self::Tensor;
     /// Rotary embedding in place on `x: [tokens, num_heads * head_dim]` at the step's

@@ -626,16 +626,63 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
         return out;
     }
     let act = Q8Rows::quantize(x);
-    let simd = use_simd(kernel);
-    let rb = w.row_bytes();
-    let bytes = w.bytes();
+    int8_matmuls(&act, &[(w, ptr)], use_simd(kernel));
+    out
+}
+
+/// Several products of the same `x` (Q, K and V; gate and up): `x` is quantized once and
+/// all of them share one parallel pass. Same results as calling [`matmul`] on each.
+pub fn matmul_many(x: &CpuTensor, ws: &[&QuantMatrix], kernel: QuantKernel) -> Vec<CpuTensor> {
+    let int8 = match kernel {
+        QuantKernel::Auto => x.rows < GEMM_ROWS,
+        QuantKernel::Gemm => false,
+        QuantKernel::Int8 | QuantKernel::Portable => true,
+    };
+    if !int8 || x.rows == 0 {
+        return ws.iter().map(|w| matmul(x, w, kernel)).collect();
+    }
+    let mut outs: Vec<CpuTensor> = ws
+        .iter()
+        .map(|w| {
+            assert_eq!(
+                x.cols, w.cols,
+                "quantized matmul: x has {} columns, w has {}",
+                x.cols, w.cols
+            );
+            CpuTensor::zeros(x.rows, w.rows)
+        })
+        .collect();
+    let act = Q8Rows::quantize(x);
+    let jobs: Vec<(&QuantMatrix, OutPtr)> = ws
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(w, o)| (*w, OutPtr(o.data.as_mut_ptr())))
+        .collect();
+    int8_matmuls(&act, &jobs, use_simd(kernel));
+    outs
+}
+
+/// Integer block products of `act` with each weight, into each output (`[m, w.rows]`, whose
+/// pointer comes with it), as one parallel pass over slabs of weight rows.
+fn int8_matmuls(act: &Q8Rows, jobs: &[(&QuantMatrix, OutPtr)], simd: bool) {
+    let m = act.qs.len() / act.cols.max(1);
+    let total: usize = jobs.iter().map(|(w, _)| w.rows).sum();
     // Enough slabs to balance the threads, but slabs of at least 16 rows.
-    let per = n
+    let per = total
         .div_ceil(rayon::current_num_threads().max(1) * 4)
         .clamp(16, 256);
-    (0..n.div_ceil(per)).into_par_iter().for_each(|s| {
-        let p = ptr;
-        let cols = s * per..((s + 1) * per).min(n);
+    let slabs: Vec<(usize, std::ops::Range<usize>)> = jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (w, _))| {
+            (0..w.rows.div_ceil(per)).map(move |s| (i, s * per..((s + 1) * per).min(w.rows)))
+        })
+        .collect();
+    slabs.into_par_iter().for_each(|(i, cols)| {
+        let (w, p) = jobs[i];
+        let n = w.rows;
+        let rb = w.row_bytes();
+        let bytes = w.bytes();
         let mut tile = [0.0f32; ROW_TILE];
         let mut r0 = 0;
         while r0 < m {
@@ -646,24 +693,24 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
                 if simd {
                     // SAFETY: `simd` is true only when the CPU has AVX2/FMA/F16C; `wr` is a
                     // whole row; rows r0..r0+rows exist.
-                    unsafe { avx2::dots(w.format, wr, &act, r0, rows, &mut tile) };
+                    unsafe { avx2::dots(w.format, wr, act, r0, rows, &mut tile) };
                 } else {
-                    dots_generic(w.format, wr, &act, r0..r0 + rows, &mut tile);
+                    dots_generic(w.format, wr, act, r0..r0 + rows, &mut tile);
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 {
                     let _ = simd;
-                    dots_generic(w.format, wr, &act, r0..r0 + rows, &mut tile);
+                    dots_generic(w.format, wr, act, r0..r0 + rows, &mut tile);
                 }
                 for (r, &v) in tile[..rows].iter().enumerate() {
-                    // SAFETY: (r0 + r, j) is in bounds and column j belongs to this task.
+                    // SAFETY: (r0 + r, j) is in bounds of this job's [m, n] output and column
+                    // j of it belongs to this slab only.
                     unsafe { *p.0.add((r0 + r) * n + j) = v };
                 }
             }
             r0 += rows;
         }
     });
-    out
 }
 
 #[cfg(test)]
@@ -765,6 +812,30 @@ mod tests {
                     assert!(
                         (e - p).abs() <= *bound,
                         "{format:?} m={m}: exact {e}, kernel {p}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn many_products_of_one_input_equal_separate_ones() {
+        let mut rng = SplitMix64::new(3);
+        let ws = [
+            random_matrix(QuantFormat::Q4_1, 40, 64, &mut rng),
+            random_matrix(QuantFormat::Q8_0, 17, 64, &mut rng),
+            random_matrix(QuantFormat::Q4_0, 300, 64, &mut rng),
+        ];
+        for m in [1, 5, GEMM_ROWS + 1] {
+            let x = random_x(m, 64, &mut rng);
+            for kernel in [QuantKernel::Auto, QuantKernel::Portable] {
+                let many = matmul_many(&x, &[&ws[0], &ws[1], &ws[2]], kernel);
+                for (w, got) in ws.iter().zip(&many) {
+                    assert_eq!(
+                        got,
+                        &matmul(&x, w, kernel),
+                        "m={m} {kernel:?} {:?}",
+                        w.format
                     );
                 }
             }

@@ -207,9 +207,7 @@ impl<B: Backend> LlamaModel<B> {
         let mut x = b.embedding(&w.embed, &m);
         for (i, l) in w.layers.iter().enumerate() {
             let h = b.rms_norm(&x, &l.attn_norm, s.rms_norm_eps);
-            let mut q = b.matmul(&h, &l.wq);
-            let mut k = b.matmul(&h, &l.wk);
-            let v = b.matmul(&h, &l.wv);
+            let [mut q, mut k, v] = b.matmul_n(&h, [&l.wq, &l.wk, &l.wv]);
             b.rope(
                 &mut q,
                 &w.rope_cos,
@@ -232,7 +230,8 @@ impl<B: Backend> LlamaModel<B> {
             let attn = b.paged_attention(&q, cache, i, &m, s.num_heads);
             b.add_assign(&mut x, &b.matmul(&attn, &l.wo));
             let h = b.rms_norm(&x, &l.ffn_norm, s.rms_norm_eps);
-            let act = b.silu_mul(&b.matmul(&h, &l.w_gate), &b.matmul(&h, &l.w_up));
+            let [gate, up] = b.matmul_n(&h, [&l.w_gate, &l.w_up]);
+            let act = b.silu_mul(&gate, &up);
             b.add_assign(&mut x, &b.matmul(&act, &l.w_down));
         }
         // Only rows that sample need the (vocab-wide) output head.
