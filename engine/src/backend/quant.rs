@@ -363,160 +363,219 @@ fn dots_generic(
     }
 }
 
+/// `Σ u8·i8` over each group of four bytes of two 256-bit vectors, as eight i32: `maddubs`
+/// (pairs into i16, which cannot overflow for these ranges: 15·127·2 and 128·127·2 fit) then
+/// `madd` with ones.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::needless_range_loop)] // row indexes address several arrays and pointers
-mod avx2 {
-    //! AVX2 block dots: nibbles or bytes times i8 activations through `maddubs`, which
-    //! multiplies unsigned by signed bytes and adds neighbours into i16 without overflow for
-    //! these ranges (15·127·2 and 128·127·2 both fit).
-    use super::{BLOCK, Q8Rows, QuantFormat};
-    use std::arch::x86_64::*;
+macro_rules! udot_avx2 {
+    ($w:expr, $x:expr) => {
+        _mm256_madd_epi16(_mm256_maddubs_epi16($w, $x), _mm256_set1_epi16(1))
+    };
+}
 
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        unsafe {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-        }
-    }
+/// The same sum in one AVX-VNNI instruction.
+#[cfg(target_arch = "x86_64")]
+macro_rules! udot_vnni {
+    ($w:expr, $x:expr) => {
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), $w, $x)
+    };
+}
 
-    /// The two f16 values at `p` (scale and, for Q4_1, minimum) as f32.
-    #[inline(always)]
-    unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
-        unsafe {
-            let v = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)));
-            (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
-        }
-    }
+/// Block-dot kernels for one x86 feature set: `$features` for `#[target_feature]`, `$udot`
+/// for the unsigned-by-signed byte dot.
+#[cfg(target_arch = "x86_64")]
+macro_rules! int8_kernels {
+    ($module:ident, $features:literal, $udot:ident, $doc:literal) => {
+        #[doc = $doc]
+        #[allow(clippy::needless_range_loop)] // row indexes address several arrays and pointers
+        mod $module {
+            use super::{BLOCK, Q8Rows, QuantFormat};
+            use std::arch::x86_64::*;
 
-    /// Like `dots_generic` for up to four consecutive rows starting at `r0`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C; `w` must hold a whole row of `format` blocks
-    /// for `x.cols` elements, and rows `r0..r0 + n` must exist in `x`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dots(
-        format: QuantFormat,
-        w: &[u8],
-        x: &Q8Rows,
-        r0: usize,
-        n: usize,
-        out: &mut [f32],
-    ) {
-        debug_assert!((1..=4).contains(&n));
-        debug_assert!(w.len() >= x.cols / BLOCK * format.block_bytes());
-        debug_assert!((r0 + n) * x.cols <= x.qs.len());
-        // SAFETY: forwarded from the caller; each instance reads rows r0..r0 + R.
-        unsafe {
-            match (format, n) {
-                (QuantFormat::Q8_0, 1) => q8::<1>(w, x, r0, out),
-                (QuantFormat::Q8_0, 2) => q8::<2>(w, x, r0, out),
-                (QuantFormat::Q8_0, 3) => q8::<3>(w, x, r0, out),
-                (QuantFormat::Q8_0, _) => q8::<4>(w, x, r0, out),
-                (QuantFormat::Q4_1, 1) => q4::<1, true>(w, x, r0, out),
-                (QuantFormat::Q4_1, 2) => q4::<2, true>(w, x, r0, out),
-                (QuantFormat::Q4_1, 3) => q4::<3, true>(w, x, r0, out),
-                (QuantFormat::Q4_1, _) => q4::<4, true>(w, x, r0, out),
-                (QuantFormat::Q4_0, 1) => q4::<1, false>(w, x, r0, out),
-                (QuantFormat::Q4_0, 2) => q4::<2, false>(w, x, r0, out),
-                (QuantFormat::Q4_0, 3) => q4::<3, false>(w, x, r0, out),
-                (QuantFormat::Q4_0, _) => q4::<4, false>(w, x, r0, out),
-            }
-        }
-    }
-
-    /// Two accumulators per row, alternating between blocks, so a single row's FMA chain
-    /// does not wait on the previous block's result.
-    const LANES: usize = 2;
-
-    #[inline(always)]
-    unsafe fn finish<const R: usize>(
-        acc: [[__m256; R]; LANES],
-        mins: [[f32; R]; LANES],
-        out: &mut [f32],
-    ) {
-        unsafe {
-            for r in 0..R {
-                out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + (mins[0][r] + mins[1][r]);
-            }
-        }
-    }
-
-    /// Q4_1 (`MIN`) or Q4_0 weights against `R` activation rows.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4<const R: usize, const MIN: bool>(
-        w: &[u8],
-        x: &Q8Rows,
-        r0: usize,
-        out: &mut [f32],
-    ) {
-        unsafe {
-            let nb = x.cols / BLOCK;
-            let bb = if MIN { 20 } else { 18 };
-            let ones = _mm256_set1_epi16(1);
-            let low4 = _mm_set1_epi8(0x0f);
-            let mut acc = [[_mm256_setzero_ps(); R]; LANES];
-            let mut mins = [[0.0f32; R]; LANES];
-            let wp = w.as_ptr();
-            let xq = x.qs.as_ptr().add(r0 * x.cols);
-            let xd = x.d.as_ptr().add(r0 * nb);
-            let xs = x.s.as_ptr().add(r0 * nb);
-            for b in 0..nb {
-                let lane = b % LANES;
-                let block = wp.add(b * bb);
-                let (dw, m) = f16_pair(block);
-                let m = if MIN { m } else { -8.0 * dw };
-                let raw = _mm_loadu_si128(block.add(if MIN { 4 } else { 2 }) as *const __m128i);
-                let lo = _mm_and_si128(raw, low4);
-                let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-                let wv = _mm256_set_m128i(hi, lo);
-                for r in 0..R {
-                    let xv = _mm256_loadu_si256(xq.add(r * x.cols + b * BLOCK) as *const __m256i);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
-                    let scale = _mm256_set1_ps(dw * *xd.add(r * nb + b));
-                    acc[lane][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[lane][r]);
-                    mins[lane][r] += m * *xs.add(r * nb + b);
+            #[inline(always)]
+            unsafe fn hsum(v: __m256) -> f32 {
+                unsafe {
+                    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
                 }
             }
-            finish(acc, mins, out);
-        }
-    }
 
-    /// Q8_0 weights against `R` activation rows.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q8<const R: usize>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut [f32]) {
-        unsafe {
-            let nb = x.cols / BLOCK;
-            let ones = _mm256_set1_epi16(1);
-            let mut acc = [[_mm256_setzero_ps(); R]; LANES];
-            let wp = w.as_ptr();
-            let xq = x.qs.as_ptr().add(r0 * x.cols);
-            let xd = x.d.as_ptr().add(r0 * nb);
-            for b in 0..nb {
-                let lane = b % LANES;
-                let block = wp.add(b * 34);
-                let (dw, _) = f16_pair(block);
-                let wv = _mm256_loadu_si256(block.add(2) as *const __m256i);
-                let aw = _mm256_sign_epi8(wv, wv);
-                for r in 0..R {
-                    let xv = _mm256_loadu_si256(xq.add(r * x.cols + b * BLOCK) as *const __m256i);
-                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
-                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    let scale = _mm256_set1_ps(dw * *xd.add(r * nb + b));
-                    acc[lane][r] = _mm256_fmadd_ps(p, scale, acc[lane][r]);
+            /// The two f16 values at `p` (scale and, for Q4_1, minimum) as f32.
+            #[inline(always)]
+            unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+                unsafe {
+                    let v =
+                        _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)));
+                    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
                 }
             }
-            finish(acc, [[0.0; R]; LANES], out);
+
+            /// Like `dots_generic` for up to four consecutive rows starting at `r0`.
+            ///
+            /// # Safety
+            /// The CPU must support the module's features; `w` must hold a whole row of
+            /// `format` blocks for `x.cols` elements, and rows `r0..r0 + n` must exist in `x`.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dots(
+                format: QuantFormat,
+                w: &[u8],
+                x: &Q8Rows,
+                r0: usize,
+                n: usize,
+                out: &mut [f32],
+            ) {
+                debug_assert!((1..=4).contains(&n));
+                debug_assert!(w.len() >= x.cols / BLOCK * format.block_bytes());
+                debug_assert!((r0 + n) * x.cols <= x.qs.len());
+                // SAFETY: forwarded from the caller; each instance reads rows r0..r0 + R.
+                unsafe {
+                    match (format, n) {
+                        (QuantFormat::Q8_0, 1) => q8::<1>(w, x, r0, out),
+                        (QuantFormat::Q8_0, 2) => q8::<2>(w, x, r0, out),
+                        (QuantFormat::Q8_0, 3) => q8::<3>(w, x, r0, out),
+                        (QuantFormat::Q8_0, _) => q8::<4>(w, x, r0, out),
+                        (QuantFormat::Q4_1, 1) => q4::<1, true>(w, x, r0, out),
+                        (QuantFormat::Q4_1, 2) => q4::<2, true>(w, x, r0, out),
+                        (QuantFormat::Q4_1, 3) => q4::<3, true>(w, x, r0, out),
+                        (QuantFormat::Q4_1, _) => q4::<4, true>(w, x, r0, out),
+                        (QuantFormat::Q4_0, 1) => q4::<1, false>(w, x, r0, out),
+                        (QuantFormat::Q4_0, 2) => q4::<2, false>(w, x, r0, out),
+                        (QuantFormat::Q4_0, 3) => q4::<3, false>(w, x, r0, out),
+                        (QuantFormat::Q4_0, _) => q4::<4, false>(w, x, r0, out),
+                    }
+                }
+            }
+
+            /// Two accumulators per row, alternating between blocks, so a single row's FMA
+            /// chain does not wait on the previous block's result.
+            const LANES: usize = 2;
+
+            #[inline(always)]
+            unsafe fn finish<const R: usize>(
+                acc: [[__m256; R]; LANES],
+                mins: [[f32; R]; LANES],
+                out: &mut [f32],
+            ) {
+                unsafe {
+                    for r in 0..R {
+                        out[r] =
+                            hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + (mins[0][r] + mins[1][r]);
+                    }
+                }
+            }
+
+            /// Q4_1 (`MIN`) or Q4_0 weights against `R` activation rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q4<const R: usize, const MIN: bool>(
+                w: &[u8],
+                x: &Q8Rows,
+                r0: usize,
+                out: &mut [f32],
+            ) {
+                unsafe {
+                    let nb = x.cols / BLOCK;
+                    let bb = if MIN { 20 } else { 18 };
+                    let low4 = _mm_set1_epi8(0x0f);
+                    let mut acc = [[_mm256_setzero_ps(); R]; LANES];
+                    let mut mins = [[0.0f32; R]; LANES];
+                    let wp = w.as_ptr();
+                    let xq = x.qs.as_ptr().add(r0 * x.cols);
+                    let xd = x.d.as_ptr().add(r0 * nb);
+                    let xs = x.s.as_ptr().add(r0 * nb);
+                    for b in 0..nb {
+                        let lane = b % LANES;
+                        let block = wp.add(b * bb);
+                        let (dw, m) = f16_pair(block);
+                        let m = if MIN { m } else { -8.0 * dw };
+                        let raw =
+                            _mm_loadu_si128(block.add(if MIN { 4 } else { 2 }) as *const __m128i);
+                        let lo = _mm_and_si128(raw, low4);
+                        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+                        let wv = _mm256_set_m128i(hi, lo);
+                        for r in 0..R {
+                            let xv = _mm256_loadu_si256(
+                                xq.add(r * x.cols + b * BLOCK) as *const __m256i
+                            );
+                            let p = $udot!(wv, xv);
+                            let scale = _mm256_set1_ps(dw * *xd.add(r * nb + b));
+                            acc[lane][r] =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[lane][r]);
+                            mins[lane][r] += m * *xs.add(r * nb + b);
+                        }
+                    }
+                    finish(acc, mins, out);
+                }
+            }
+
+            /// Q8_0 weights against `R` activation rows: `|w|` times `x` with `w`'s sign.
+            #[target_feature(enable = $features)]
+            unsafe fn q8<const R: usize>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut [f32]) {
+                unsafe {
+                    let nb = x.cols / BLOCK;
+                    let mut acc = [[_mm256_setzero_ps(); R]; LANES];
+                    let wp = w.as_ptr();
+                    let xq = x.qs.as_ptr().add(r0 * x.cols);
+                    let xd = x.d.as_ptr().add(r0 * nb);
+                    for b in 0..nb {
+                        let lane = b % LANES;
+                        let block = wp.add(b * 34);
+                        let (dw, _) = f16_pair(block);
+                        let wv = _mm256_loadu_si256(block.add(2) as *const __m256i);
+                        let aw = _mm256_sign_epi8(wv, wv);
+                        for r in 0..R {
+                            let xv = _mm256_loadu_si256(
+                                xq.add(r * x.cols + b * BLOCK) as *const __m256i
+                            );
+                            let p = _mm256_cvtepi32_ps($udot!(aw, _mm256_sign_epi8(xv, wv)));
+                            let scale = _mm256_set1_ps(dw * *xd.add(r * nb + b));
+                            acc[lane][r] = _mm256_fmadd_ps(p, scale, acc[lane][r]);
+                        }
+                    }
+                    finish(acc, [[0.0; R]; LANES], out);
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+int8_kernels!(
+    avx2,
+    "avx2,fma,f16c",
+    udot_avx2,
+    "Block dots with AVX2: `maddubs` + `madd` per byte product."
+);
+#[cfg(target_arch = "x86_64")]
+int8_kernels!(
+    vnni,
+    "avx2,fma,f16c,avxvnni",
+    udot_vnni,
+    "Block dots with AVX-VNNI: one `vpdpbusd` per byte product."
+);
+
+/// The fastest integer kernel this CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Simd {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+fn detect_simd() -> Simd {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            if std::env::var_os("BALLAST_NO_VNNI").is_none() && has!("avxvnni") {
+                return Simd::Vnni;
+            }
+            return Simd::Avx2;
         }
     }
-
-    /// Whether the CPU has what [`dots`] needs.
-    pub fn available() -> bool {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
+    Simd::Portable
 }
 
 /// Which dot kernel a matmul uses.
@@ -532,17 +591,24 @@ pub enum QuantKernel {
     Gemm,
 }
 
-fn use_simd(kernel: QuantKernel) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static AVX2: OnceLock<bool> = OnceLock::new();
-        kernel != QuantKernel::Portable && *AVX2.get_or_init(avx2::available)
+fn use_simd(kernel: QuantKernel) -> Simd {
+    use std::sync::OnceLock;
+    static SIMD: OnceLock<Simd> = OnceLock::new();
+    match kernel {
+        QuantKernel::Portable => Simd::Portable,
+        _ => *SIMD.get_or_init(detect_simd),
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = kernel;
-        false
+}
+
+/// Name of the integer kernel [`QuantKernel::Auto`] uses on this CPU (for logs and
+/// benchmarks): `avx-vnni`, `avx2` or `portable`.
+pub fn int8_kernel_name() -> &'static str {
+    match use_simd(QuantKernel::Auto) {
+        Simd::Portable => "portable",
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => "avx2",
+        #[cfg(target_arch = "x86_64")]
+        Simd::Vnni => "avx-vnni",
     }
 }
 
@@ -664,7 +730,7 @@ pub fn matmul_many(x: &CpuTensor, ws: &[&QuantMatrix], kernel: QuantKernel) -> V
 
 /// Integer block products of `act` with each weight, into each output (`[m, w.rows]`, whose
 /// pointer comes with it), as one parallel pass over slabs of weight rows.
-fn int8_matmuls(act: &Q8Rows, jobs: &[(&QuantMatrix, OutPtr)], simd: bool) {
+fn int8_matmuls(act: &Q8Rows, jobs: &[(&QuantMatrix, OutPtr)], simd: Simd) {
     let m = act.qs.len() / act.cols.max(1);
     let total: usize = jobs.iter().map(|(w, _)| w.rows).sum();
     // Enough slabs to balance the threads, but slabs of at least 16 rows.
@@ -689,18 +755,14 @@ fn int8_matmuls(act: &Q8Rows, jobs: &[(&QuantMatrix, OutPtr)], simd: bool) {
             let rows = ROW_TILE.min(m - r0);
             for j in cols.clone() {
                 let wr = &bytes[j * rb..(j + 1) * rb];
-                #[cfg(target_arch = "x86_64")]
-                if simd {
-                    // SAFETY: `simd` is true only when the CPU has AVX2/FMA/F16C; `wr` is a
-                    // whole row; rows r0..r0+rows exist.
-                    unsafe { avx2::dots(w.format, wr, act, r0, rows, &mut tile) };
-                } else {
-                    dots_generic(w.format, wr, act, r0..r0 + rows, &mut tile);
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                {
-                    let _ = simd;
-                    dots_generic(w.format, wr, act, r0..r0 + rows, &mut tile);
+                match simd {
+                    // SAFETY (both): detect_simd picked the kernel only if the CPU has its
+                    // features; `wr` is a whole row; rows r0..r0+rows exist.
+                    #[cfg(target_arch = "x86_64")]
+                    Simd::Vnni => unsafe { vnni::dots(w.format, wr, act, r0, rows, &mut tile) },
+                    #[cfg(target_arch = "x86_64")]
+                    Simd::Avx2 => unsafe { avx2::dots(w.format, wr, act, r0, rows, &mut tile) },
+                    Simd::Portable => dots_generic(w.format, wr, act, r0..r0 + rows, &mut tile),
                 }
                 for (r, &v) in tile[..rows].iter().enumerate() {
                     // SAFETY: (r0 + r, j) is in bounds of this job's [m, n] output and column
@@ -816,6 +878,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every x86 kernel this CPU can run, not just the one `Auto` picks.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn each_simd_kernel_matches_the_portable_one() {
+        use std::is_x86_feature_detected as has;
+        let mut rng = SplitMix64::new(21);
+        let x = random_x(4, 128, &mut rng);
+        let act = Q8Rows::quantize(&x);
+        let mut checked = 0;
+        for format in FORMATS {
+            let w = random_matrix(format, 3, 128, &mut rng);
+            let row = &w.bytes()[..w.row_bytes()];
+            for n in 1..=4 {
+                let mut want = [0.0f32; 4];
+                dots_generic(format, row, &act, 0..n, &mut want);
+                let base = has!("avx2") && has!("fma") && has!("f16c");
+                let kernels: [(bool, &str); 2] =
+                    [(base, "avx2"), (base && has!("avxvnni"), "vnni")];
+                for (available, name) in kernels {
+                    if !available {
+                        continue;
+                    }
+                    let mut got = [0.0f32; 4];
+                    // SAFETY: the CPU has the kernel's features (checked above).
+                    unsafe {
+                        match name {
+                            "avx2" => avx2::dots(format, row, &act, 0, n, &mut got),
+                            _ => vnni::dots(format, row, &act, 0, n, &mut got),
+                        }
+                    }
+                    for (g, w) in got[..n].iter().zip(&want[..n]) {
+                        assert!(
+                            (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                            "{name} {format:?} n={n}: {g} vs {w}"
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        eprintln!("checked {checked} kernel/format/row-count cases");
     }
 
     #[test]
