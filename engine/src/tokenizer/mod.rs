@@ -1,5 +1,10 @@
-//! Tokenizers: the byte-level tokenizer of the synthetic models, and the streaming decoder
-//! that turns generated token ids back into valid UTF-8 text piece by piece.
+//! Tokenizers: the byte-level tokenizer of the synthetic models, chat templates rendered by a
+//! Jinja engine ([`ChatTemplate`]), and the streaming decoder that turns generated token ids
+//! back into valid UTF-8 text piece by piece.
+
+mod chat;
+
+pub use chat::{CHATML_TEMPLATE, ChatTemplate, ChatTemplateError};
 
 /// One chat message after the HTTP layer has validated it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +29,15 @@ pub trait Tokenizer: Send + Sync {
     /// Renders chat messages into the prompt text the model was trained on, ending with the
     /// assistant turn header so the model continues as the assistant.
     fn apply_chat_template(&self, messages: &[ChatMessage]) -> String;
+    /// [`Tokenizer::apply_chat_template`], with a template's failure (a syntax error, or the
+    /// template rejecting the conversation through `raise_exception`) as an error the HTTP
+    /// layer can return as a 400. The default never fails.
+    fn try_apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+    ) -> Result<String, ChatTemplateError> {
+        Ok(self.apply_chat_template(messages))
+    }
     /// A decoder that turns tokens into text incrementally for one output stream.
     fn stream_decoder(&self) -> Box<dyn StreamDecoder>;
 }
