@@ -5,6 +5,8 @@
 
 mod bpe;
 mod chat;
+#[cfg(test)]
+mod tests;
 
 pub use bpe::{BpeStreamDecoder, BpeTokenizer, SUPPORTED_PRE_TOKENIZERS};
 pub use chat::{CHATML_TEMPLATE, ChatTemplate, ChatTemplateError};
