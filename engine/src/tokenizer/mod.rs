@@ -1,5 +1,15 @@
-//! Tokenizers: the byte-level tokenizer of the synthetic models, and the streaming decoder
-//! that turns generated token ids back into valid UTF-8 text piece by piece.
+//! Tokenizers: the byte-level tokenizer of the synthetic models, the byte-level BPE
+//! tokenizer of real models ([`BpeTokenizer`], from a GGUF file or a Hugging Face
+//! `tokenizer.json`), chat templates rendered by a Jinja engine ([`ChatTemplate`]), and the
+//! streaming decoders that turn generated token ids back into valid UTF-8 text piece by piece.
+
+mod bpe;
+mod chat;
+#[cfg(test)]
+mod tests;
+
+pub use bpe::{BpeStreamDecoder, BpeTokenizer, SUPPORTED_PRE_TOKENIZERS};
+pub use chat::{CHATML_TEMPLATE, ChatTemplate, ChatTemplateError};
 
 /// One chat message after the HTTP layer has validated it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -10,20 +20,39 @@ pub struct ChatMessage {
     pub content: String,
 }
 
-/// What the engine needs from a tokenizer. Real vocabularies (tokenizer.json) are a separate
-/// issue; they will implement the same trait.
+/// What the engine needs from a tokenizer: [`ByteTokenizer`] for the synthetic models,
+/// [`BpeTokenizer`] for real ones.
 pub trait Tokenizer: Send + Sync {
     /// Number of token ids the model's embedding table has.
     fn vocab_size(&self) -> usize;
     /// Token that ends generation unless the request sets `ignore_eos`.
     fn eos_token_id(&self) -> u32;
-    /// Token prepended to every prompt, if the model uses one.
+    /// Every token that ends generation: the EOS token first, then any end-of-turn tokens the
+    /// model also stops on (Llama 3's `<|eot_id|>` next to its `<|end_of_text|>`, say). The
+    /// default is the EOS token alone.
+    fn eos_token_ids(&self) -> Vec<u32> {
+        vec![self.eos_token_id()]
+    }
+    /// The model's beginning-of-sequence token, if it has one. Whether [`Tokenizer::encode`]
+    /// prepends it is up to the implementation (see its documentation).
     fn bos_token_id(&self) -> Option<u32>;
-    /// Text to token ids, with the BOS token first when `add_bos`.
+    /// Text to token ids; `add_bos` asks for the BOS token first (implementations may add it
+    /// only when the model was trained with it, as [`BpeTokenizer`] does).
     fn encode(&self, text: &str, add_bos: bool) -> Vec<u32>;
     /// Renders chat messages into the prompt text the model was trained on, ending with the
-    /// assistant turn header so the model continues as the assistant.
+    /// assistant turn header so the model continues as the assistant. Infallible: an
+    /// implementation whose template can fail falls back to something documented; prefer
+    /// [`Tokenizer::try_apply_chat_template`], which reports the failure.
     fn apply_chat_template(&self, messages: &[ChatMessage]) -> String;
+    /// [`Tokenizer::apply_chat_template`], with a template's failure (a syntax error, or the
+    /// template rejecting the conversation through `raise_exception`) as an error the HTTP
+    /// layer can return as a 400. The default never fails.
+    fn try_apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+    ) -> Result<String, ChatTemplateError> {
+        Ok(self.apply_chat_template(messages))
+    }
     /// A decoder that turns tokens into text incrementally for one output stream.
     fn stream_decoder(&self) -> Box<dyn StreamDecoder>;
 }
@@ -96,12 +125,12 @@ pub struct Utf8StreamDecoder {
     pending: Vec<u8>,
 }
 
-impl StreamDecoder for Utf8StreamDecoder {
-    fn push(&mut self, token: u32) -> String {
-        let Ok(byte) = u8::try_from(token) else {
-            return String::new();
-        };
-        self.pending.push(byte);
+impl Utf8StreamDecoder {
+    /// Feeds raw bytes (one token's worth, or none); returns the text that became complete.
+    /// A character split across calls is held back until its last byte arrives; bytes that
+    /// can never form a character become U+FFFD.
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
         let mut out = String::new();
         loop {
             match std::str::from_utf8(&self.pending) {
@@ -130,15 +159,69 @@ impl StreamDecoder for Utf8StreamDecoder {
         }
     }
 
-    fn finish(&mut self) -> String {
+    /// Ends the stream: the bytes of an incomplete character become U+FFFD.
+    pub fn finish_bytes(&mut self) -> String {
         let out = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         out
     }
 }
 
+impl StreamDecoder for Utf8StreamDecoder {
+    fn push(&mut self, token: u32) -> String {
+        match u8::try_from(token) {
+            Ok(byte) => self.push_bytes(&[byte]),
+            Err(_) => String::new(),
+        }
+    }
+
+    fn finish(&mut self) -> String {
+        self.finish_bytes()
+    }
+}
+
+/// Why a tokenizer could not be built from a model's files.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// `tokenizer.ggml.model` names a tokenizer Ballast does not implement (SentencePiece
+    /// `llama`, WordPiece `bert`, …).
+    #[error("tokenizer model {0:?} is not supported yet (supported: \"gpt2\", byte-level BPE)")]
+    UnsupportedModel(String),
+    /// `tokenizer.ggml.pre` names a pre-tokenizer Ballast does not implement; splitting the
+    /// text differently from training would give the model token sequences it never saw.
+    #[error(
+        "pre-tokenizer {name:?} is not supported yet (supported: {})",
+        SUPPORTED_PRE_TOKENIZERS.join(", ")
+    )]
+    UnsupportedPreTokenizer {
+        /// The value of `tokenizer.ggml.pre`.
+        name: String,
+    },
+    /// A byte-level BPE file without `tokenizer.ggml.pre`; llama.cpp guesses ("generation
+    /// quality will be degraded"), Ballast refuses.
+    #[error(
+        "tokenizer.ggml.pre is missing, so how text is split before BPE is unknown; \
+         regenerate the GGUF file with a current llama.cpp converter"
+    )]
+    MissingPreTokenizer,
+    /// A required piece of the tokenizer is absent or malformed.
+    #[error("{key}: {reason}")]
+    Invalid {
+        /// The metadata key or file the problem is in.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The `tokenizers` crate rejected the vocabulary, merges or `tokenizer.json`.
+    #[error("cannot build the tokenizer: {0}")]
+    Build(String),
+    /// The model's chat template does not compile.
+    #[error(transparent)]
+    ChatTemplate(#[from] ChatTemplateError),
+}
+
 #[cfg(test)]
-mod tests {
+mod byte_tests {
     use super::*;
 
     fn decode_all(ids: &[u32]) -> String {
