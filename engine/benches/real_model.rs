@@ -115,7 +115,10 @@ fn main() {
     let decode_rate = decode_len as f64 / decode;
     let roofline = bandwidth / weight_bytes as f64;
     println!("threads            {}", rayon::current_num_threads());
-    println!("int8 kernel        {}", ballast_engine::backend::quant::int8_kernel_name());
+    println!(
+        "int8 kernel        {}",
+        ballast_engine::backend::quant::int8_kernel_name()
+    );
     println!("weights per step   {:.1} MB", weight_bytes as f64 / 1e6);
     println!("read bandwidth     {:.1} GB/s", bandwidth / 1e9);
     println!("roofline           {roofline:.0} tok/s");

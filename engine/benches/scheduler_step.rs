@@ -56,7 +56,7 @@ fn scheduler(num_blocks: usize) -> Scheduler {
                 },
                 rng_seed: id,
                 tenant: None,
-                eos_token_id: 257,
+                eos_token_ids: [257].into(),
             },
             Instant::now(),
         );

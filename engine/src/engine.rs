@@ -69,6 +69,8 @@ pub enum SubmitError {
 struct Inner {
     config: EngineConfig,
     tokenizer: Arc<dyn Tokenizer>,
+    /// The tokenizer's end-of-sequence ids, shared by every request.
+    eos_token_ids: Arc<[u32]>,
     ranks: RankHandles,
     dispatcher: Arc<Dispatcher>,
     admission: Arc<AdmissionLedger>,
@@ -99,13 +101,17 @@ impl Engine {
                 .num_threads(n)
                 .build_global();
         }
-        let model = match &config.source {
-            ModelSource::Synthetic => {
-                LlamaModel::synthetic(config.model.clone(), CpuBackend, config.seed)
-            }
-            ModelSource::Gguf { tensors, .. } => {
+        let (model, tokenizer): (_, Arc<dyn Tokenizer>) = match &config.source {
+            ModelSource::Synthetic => (
+                LlamaModel::synthetic(config.model.clone(), CpuBackend, config.seed),
+                Arc::new(ByteTokenizer),
+            ),
+            ModelSource::Gguf {
+                tensors, tokenizer, ..
+            } => {
                 let weights = LlamaWeights::upload(&CpuBackend, &config.model, tensors.clone());
-                LlamaModel::new(config.model.clone(), CpuBackend, Arc::new(weights))
+                let model = LlamaModel::new(config.model.clone(), CpuBackend, Arc::new(weights));
+                (model, tokenizer.clone())
             }
         };
         let s = config.scheduler;
@@ -118,7 +124,7 @@ impl Engine {
                 )) as Box<dyn Executor>
             })
             .collect();
-        Self::start_with(config, executors, Arc::new(ByteTokenizer))
+        Self::start_with(config, executors, tokenizer)
     }
 
     /// Starts ranks over the given executors (one per rank), e.g. a no-op executor to
@@ -188,6 +194,7 @@ impl Engine {
         Engine {
             inner: Arc::new(Inner {
                 config,
+                eos_token_ids: tokenizer.eos_token_ids().into(),
                 tokenizer,
                 ranks,
                 dispatcher,
@@ -306,7 +313,7 @@ impl Engine {
                 sampling: sub.sampling,
                 rng_seed,
                 tenant: sub.tenant,
-                eos_token_id: inner.tokenizer.eos_token_id(),
+                eos_token_ids: Arc::clone(&inner.eos_token_ids),
             };
             let mut stream = RequestStream {
                 id,

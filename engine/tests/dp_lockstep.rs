@@ -24,7 +24,7 @@ fn request(id: u64, prompt_len: usize, max_tokens: u32) -> EngineRequest {
         },
         rng_seed: id,
         tenant: None,
-        eos_token_id: 257,
+        eos_token_ids: [257].into(),
     }
 }
 

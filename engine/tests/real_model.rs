@@ -12,7 +12,9 @@ use ballast_engine::backend::{Backend, SeqSlice, StepMetadata};
 use ballast_engine::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
+
+mod common;
 
 /// Free-running greedy decoding amplifies the smallest numeric difference at a near-tie:
 /// llama.cpp itself, switched from its default f16 KV cache to f32, keeps its own 32 greedy
@@ -29,7 +31,8 @@ const FORCED_TOP1_SHARE: f64 = 0.95;
 /// Ballast in f32) and in summation order.
 const LOGIT_TOLERANCE: f32 = 0.5;
 
-fn model() -> Option<LlamaModel<CpuBackend>> {
+/// Whether the model is cached; without it the test skips, unless it is required.
+fn cached() -> bool {
     let path = model_cache_dir().join(KNOWN_MODELS[0].file);
     if !path.is_file() {
         assert!(
@@ -41,6 +44,13 @@ fn model() -> Option<LlamaModel<CpuBackend>> {
             "skipped: {} is not cached (scripts/fetch-model.sh fetches it)",
             path.display()
         );
+        return false;
+    }
+    true
+}
+
+fn model() -> Option<LlamaModel<CpuBackend>> {
+    if !cached() {
         return None;
     }
     let resolved = ResolvedModel::resolve(KNOWN_MODELS[0].name).expect("the cached model loads");
@@ -193,5 +203,83 @@ fn teacher_forced_top1_agrees_with_llama_cpp() {
     assert!(
         share >= FORCED_TOP1_SHARE,
         "top-1 agrees on {same} of {total} steps"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_model_answers_a_chat_and_stops_on_its_eos() {
+    if !cached() {
+        return;
+    }
+    let s = common::start(&[
+        "--model",
+        KNOWN_MODELS[0].name,
+        "--served-model-name",
+        "smollm2",
+        "--max-model-len",
+        "2048",
+    ])
+    .await;
+    let (status, body) = s
+        .post(
+            "/v1/chat/completions",
+            &json!({
+                "model": "smollm2",
+                // With its template's default system turn this small model rambles (llama.cpp
+                // too); with a plain one it answers.
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "What is the capital of France?"},
+                ],
+                "max_tokens": 48,
+                "temperature": 0,
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let choice = &body["choices"][0];
+    let answer = choice["message"]["content"].as_str().unwrap();
+    assert!(answer.contains("Paris"), "{answer:?}");
+    // The model ends its turn with <|im_end|> well before the limit; the id is not text.
+    assert_eq!(choice["finish_reason"], "stop", "{body}");
+    assert!(!answer.contains("<|im_end|>"), "{answer:?}");
+    // The template's ChatML rendering of both turns and the assistant header is 27 tokens,
+    // with no BOS added (SmolLM2's file says not to).
+    assert_eq!(body["usage"]["prompt_tokens"], 27, "{body}");
+
+    // A plain completion stops on a stop string, which is not returned.
+    let (status, body) = s
+        .post(
+            "/v1/completions",
+            &json!({
+                "model": "smollm2",
+                "prompt": "def fibonacci(n):\n",
+                "max_tokens": 64,
+                "temperature": 0,
+                "stop": ["else"],
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let text = body["choices"][0]["text"].as_str().unwrap();
+    assert!(text.contains("return"), "{text:?}");
+    assert!(!text.contains("else"), "{text:?}");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop", "{body}");
+
+    // /v1/models reports the served name, the file and the context limit in force.
+    let models: Value = s.get("/v1/models").await.json().await.unwrap();
+    let m = &models["data"][0];
+    assert_eq!(m["id"], "smollm2");
+    assert!(
+        m["root"].as_str().unwrap().ends_with(KNOWN_MODELS[0].file),
+        "{m}"
+    );
+    assert_eq!(m["max_model_len"], 2048);
+
+    // Metrics carry the served name.
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("max_model_len=\"2048\"") && metrics.contains("model_name=\"smollm2\""),
+        "no model_name=\"smollm2\" series with the context limit"
     );
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::backend::RopeStyle;
-use crate::tokenizer::ByteTokenizer;
+use crate::tokenizer::{BpeTokenizer, ByteTokenizer, Tokenizer, TokenizerError};
 use ballast_rng::SplitMix64;
 
 pub use llama::{LayerTensors, LlamaModel, LlamaWeights, ModelTensors};
@@ -77,6 +77,14 @@ pub enum ModelError {
         /// What is wrong with it.
         source: gguf::GgufError,
     },
+    /// A model file whose tokenizer cannot be built.
+    #[error("{path}: {source}")]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with the tokenizer.
+        source: TokenizerError,
+    },
     /// A file format Ballast does not read.
     #[error("{0}: only GGUF files (.gguf) can be served so far")]
     UnsupportedFormat(PathBuf),
@@ -125,6 +133,8 @@ pub enum ModelSource {
         file: Arc<gguf::GgufFile>,
         /// Its tensors (quantized ones borrow the map).
         tensors: ModelTensors<'static>,
+        /// Its tokenizer and chat template.
+        tokenizer: Arc<dyn Tokenizer>,
     },
 }
 
@@ -195,12 +205,32 @@ impl ResolvedModel {
         let file = Arc::new(gguf::GgufFile::open(path).map_err(err)?);
         let spec = file.llama_spec().map_err(err)?;
         let tensors = file.llama_tensors(&spec).map_err(err)?;
+        let tokenizer = file.tokenizer_metadata().map_err(err).and_then(|meta| {
+            BpeTokenizer::from_gguf(&meta).map_err(|source| ModelError::Tokenizer {
+                path: path.to_path_buf(),
+                source,
+            })
+        })?;
+        if tokenizer.vocab_size() > spec.vocab_size {
+            return Err(ModelError::Tokenizer {
+                path: path.to_path_buf(),
+                source: TokenizerError::Invalid {
+                    key: "tokenizer.ggml.tokens".into(),
+                    reason: format!(
+                        "{} tokens, but the embedding table has {} rows",
+                        tokenizer.vocab_size(),
+                        spec.vocab_size
+                    ),
+                },
+            });
+        }
         Ok(Self {
             spec,
             source: ModelSource::Gguf {
                 path: path.to_path_buf(),
                 file,
                 tensors,
+                tokenizer: Arc::new(tokenizer),
             },
         })
     }

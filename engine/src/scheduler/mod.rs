@@ -515,7 +515,8 @@ fn stop_reason(req: &Request, token: u32, max_model_len: usize) -> Option<Finish
     let p = &req.sampling;
     let generated = req.num_output();
     if generated >= p.min_tokens as usize
-        && ((token == req.eos_token_id && !p.ignore_eos) || p.stop_token_ids.contains(&token))
+        && ((!p.ignore_eos && req.eos_token_ids.contains(&token))
+            || p.stop_token_ids.contains(&token))
     {
         return Some(FinishReason::Stop);
     }

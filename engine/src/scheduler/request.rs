@@ -19,8 +19,8 @@ pub struct EngineRequest {
     pub rng_seed: u64,
     /// Tenant for the running cap, if any.
     pub tenant: Option<Tenant>,
-    /// The model's end-of-sequence token.
-    pub eos_token_id: u32,
+    /// The model's end-of-sequence tokens (usually one; some models end turns with others too).
+    pub eos_token_ids: std::sync::Arc<[u32]>,
 }
 
 /// Where a request is in the scheduler.
@@ -46,7 +46,7 @@ pub struct Request {
     pub(crate) sampling: SamplingParams,
     pub(crate) rng: SplitMix64,
     pub(crate) tenant: Option<Tenant>,
-    pub(crate) eos_token_id: u32,
+    pub(crate) eos_token_ids: std::sync::Arc<[u32]>,
     pub(crate) status: Status,
     pub(crate) holds_tenant_slot: bool,
     /// Scheduled at least once (the admission ledger was released then).
@@ -63,8 +63,13 @@ pub struct Request {
 impl Request {
     pub(crate) fn new(r: EngineRequest, block_size: usize, hashing: bool) -> Self {
         let min_tokens_suppress = (r.sampling.min_tokens > 0).then(|| {
-            let eos = (!r.sampling.ignore_eos).then_some(r.eos_token_id);
-            eos.into_iter()
+            let eos: &[u32] = if r.sampling.ignore_eos {
+                &[]
+            } else {
+                &r.eos_token_ids
+            };
+            eos.iter()
+                .copied()
                 .chain(r.sampling.stop_token_ids.iter().copied())
                 .collect()
         });
@@ -78,7 +83,7 @@ impl Request {
             sampling: r.sampling,
             rng: SplitMix64::new(r.rng_seed),
             tenant: r.tenant,
-            eos_token_id: r.eos_token_id,
+            eos_token_ids: r.eos_token_ids,
             status: Status::Waiting,
             holds_tenant_slot: false,
             started: false,

@@ -50,7 +50,7 @@ fn request(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
         },
         rng_seed: id,
         tenant: None,
-        eos_token_id: 257,
+        eos_token_ids: [257].into(),
     }
 }
 

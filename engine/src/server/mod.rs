@@ -210,11 +210,13 @@ fn prepare(
         Endpoint::Chat => {
             let params = parse_gen_params(&f, &["max_completion_tokens", "max_tokens"])?;
             let messages = parse_messages(&f)?;
-            (
-                params,
-                vec![tok.encode(&tok.apply_chat_template(&messages), true)],
-                "chatcmpl",
-            )
+            // A template may refuse a conversation (raise_exception): the client's error.
+            let prompt = tok
+                .try_apply_chat_template(&messages)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            // The rendered prompt already has whatever special tokens the template writes
+            // (vLLM adds none either), so no BOS is added to it.
+            (params, vec![tok.encode(&prompt, false)], "chatcmpl")
         }
     };
     let choices = prompts.len() * params.n;

@@ -207,6 +207,13 @@ mod tests {
                 MetaValue::F32(spec.rms_norm_eps),
             )
             .kv("tokenizer.ggml.model", MetaValue::String("gpt2".into()))
+            .kv("tokenizer.ggml.pre", MetaValue::String("gpt2".into()))
+            .kv("tokenizer.ggml.bos_token_id", MetaValue::U32(256))
+            .kv("tokenizer.ggml.eos_token_id", MetaValue::U32(257))
+            .kv(
+                "tokenizer.ggml.merges",
+                MetaValue::Array(MetaArray::String(Vec::new())),
+            )
             .kv(
                 "tokenizer.ggml.tokens",
                 MetaValue::Array(MetaArray::String(
