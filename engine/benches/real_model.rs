@@ -87,7 +87,7 @@ fn main() {
         .map(|t| t.n_bytes)
         .sum();
     let spec = resolved.spec;
-    let weights = Arc::new(LlamaWeights::upload(&CpuBackend, &spec, tensors));
+    let weights = Arc::new(LlamaWeights::upload(&CpuBackend, &spec, (*tensors).clone()));
     let model = LlamaModel::new(spec, CpuBackend, weights);
     let bandwidth = read_bandwidth();
     // A fixed token pattern (ids of ordinary words) so runs are comparable.

@@ -30,7 +30,7 @@ fn main() {
     };
     let vocab = file.tokenizer_metadata().unwrap().tokens.to_vec();
     let spec = resolved.spec;
-    let weights = Arc::new(LlamaWeights::upload(&CpuBackend, &spec, tensors));
+    let weights = Arc::new(LlamaWeights::upload(&CpuBackend, &spec, (*tensors).clone()));
     let model = LlamaModel::new(spec.clone(), CpuBackend, weights);
     let bs = 16u32;
     let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(64, bs as usize));

@@ -109,7 +109,7 @@ impl Engine {
             ModelSource::Gguf {
                 tensors, tokenizer, ..
             } => {
-                let weights = LlamaWeights::upload(&CpuBackend, &config.model, tensors.clone());
+                let weights = LlamaWeights::upload(&CpuBackend, &config.model, (**tensors).clone());
                 let model = LlamaModel::new(config.model.clone(), CpuBackend, Arc::new(weights));
                 (model, tokenizer.clone())
             }

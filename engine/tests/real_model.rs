@@ -57,7 +57,11 @@ fn model() -> Option<LlamaModel<CpuBackend>> {
     let ModelSource::Gguf { tensors, .. } = resolved.source else {
         unreachable!("a known model is a file")
     };
-    let weights = Arc::new(LlamaWeights::upload(&CpuBackend, &resolved.spec, tensors));
+    let weights = Arc::new(LlamaWeights::upload(
+        &CpuBackend,
+        &resolved.spec,
+        (*tensors).clone(),
+    ));
     Some(LlamaModel::new(resolved.spec, CpuBackend, weights))
 }
 

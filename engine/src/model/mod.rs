@@ -132,7 +132,7 @@ pub enum ModelSource {
         /// The mapped file.
         file: Arc<gguf::GgufFile>,
         /// Its tensors (quantized ones borrow the map).
-        tensors: ModelTensors<'static>,
+        tensors: Arc<ModelTensors<'static>>,
         /// Its tokenizer and chat template.
         tokenizer: Arc<dyn Tokenizer>,
     },
@@ -229,7 +229,7 @@ impl ResolvedModel {
             source: ModelSource::Gguf {
                 path: path.to_path_buf(),
                 file,
-                tensors,
+                tensors: Arc::new(tensors),
                 tokenizer: Arc::new(tokenizer),
             },
         })

@@ -284,7 +284,7 @@ mod tests {
         let crate::model::ModelSource::Gguf { tensors, .. } = resolved.source else {
             panic!("a .gguf path resolves to a GGUF source");
         };
-        let weights = LlamaWeights::upload(&CpuBackend, &resolved.spec, tensors);
+        let weights = LlamaWeights::upload(&CpuBackend, &resolved.spec, (*tensors).clone());
         LlamaModel::new(resolved.spec, CpuBackend, Arc::new(weights))
     }
 
