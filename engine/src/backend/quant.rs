@@ -447,14 +447,11 @@ macro_rules! int8_kernels {
                 }
             }
 
-            /// Two accumulators per row, alternating between blocks, so a single row's FMA
-            /// chain does not wait on the previous block's result.
-            const LANES: usize = 2;
-
+            /// Sums two accumulator sets per row into `out`.
             #[inline(always)]
             unsafe fn finish<const R: usize>(
-                acc: [[__m256; R]; LANES],
-                mins: [[f32; R]; LANES],
+                acc: [[__m256; R]; 2],
+                mins: [[f32; R]; 2],
                 out: &mut [f32],
             ) {
                 unsafe {
@@ -466,6 +463,10 @@ macro_rules! int8_kernels {
             }
 
             /// Q4_1 (`MIN`) or Q4_0 weights against `R` activation rows.
+            ///
+            /// Blocks alternate between two accumulator sets, written out as two calls per
+            /// iteration so every accumulator stays in a register (an index computed at run
+            /// time would keep them in memory and chain each block on a store and a reload).
             #[target_feature(enable = $features)]
             unsafe fn q4<const R: usize, const MIN: bool>(
                 w: &[u8],
@@ -477,14 +478,11 @@ macro_rules! int8_kernels {
                     let nb = x.cols / BLOCK;
                     let bb = if MIN { 20 } else { 18 };
                     let low4 = _mm_set1_epi8(0x0f);
-                    let mut acc = [[_mm256_setzero_ps(); R]; LANES];
-                    let mut mins = [[0.0f32; R]; LANES];
                     let wp = w.as_ptr();
                     let xq = x.qs.as_ptr().add(r0 * x.cols);
                     let xd = x.d.as_ptr().add(r0 * nb);
                     let xs = x.s.as_ptr().add(r0 * nb);
-                    for b in 0..nb {
-                        let lane = b % LANES;
+                    let block = |b: usize, acc: &mut [__m256; R], mins: &mut [f32; R]| {
                         let block = wp.add(b * bb);
                         let (dw, m) = f16_pair(block);
                         let m = if MIN { m } else { -8.0 * dw };
@@ -499,12 +497,22 @@ macro_rules! int8_kernels {
                             );
                             let p = $udot!(wv, xv);
                             let scale = _mm256_set1_ps(dw * *xd.add(r * nb + b));
-                            acc[lane][r] =
-                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[lane][r]);
-                            mins[lane][r] += m * *xs.add(r * nb + b);
+                            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r]);
+                            mins[r] += m * *xs.add(r * nb + b);
                         }
+                    };
+                    let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+                    let (mut min0, mut min1) = ([0.0f32; R], [0.0f32; R]);
+                    let mut b = 0;
+                    while b + 2 <= nb {
+                        block(b, &mut acc0, &mut min0);
+                        block(b + 1, &mut acc1, &mut min1);
+                        b += 2;
                     }
-                    finish(acc, mins, out);
+                    if b < nb {
+                        block(b, &mut acc0, &mut min0);
+                    }
+                    finish([acc0, acc1], [min0, min1], out);
                 }
             }
 
@@ -513,12 +521,10 @@ macro_rules! int8_kernels {
             unsafe fn q8<const R: usize>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut [f32]) {
                 unsafe {
                     let nb = x.cols / BLOCK;
-                    let mut acc = [[_mm256_setzero_ps(); R]; LANES];
                     let wp = w.as_ptr();
                     let xq = x.qs.as_ptr().add(r0 * x.cols);
                     let xd = x.d.as_ptr().add(r0 * nb);
-                    for b in 0..nb {
-                        let lane = b % LANES;
+                    let block = |b: usize, acc: &mut [__m256; R]| {
                         let block = wp.add(b * 34);
                         let (dw, _) = f16_pair(block);
                         let wv = _mm256_loadu_si256(block.add(2) as *const __m256i);
@@ -529,10 +535,20 @@ macro_rules! int8_kernels {
                             );
                             let p = _mm256_cvtepi32_ps($udot!(aw, _mm256_sign_epi8(xv, wv)));
                             let scale = _mm256_set1_ps(dw * *xd.add(r * nb + b));
-                            acc[lane][r] = _mm256_fmadd_ps(p, scale, acc[lane][r]);
+                            acc[r] = _mm256_fmadd_ps(p, scale, acc[r]);
                         }
+                    };
+                    let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+                    let mut b = 0;
+                    while b + 2 <= nb {
+                        block(b, &mut acc0);
+                        block(b + 1, &mut acc1);
+                        b += 2;
                     }
-                    finish(acc, [[0.0; R]; LANES], out);
+                    if b < nb {
+                        block(b, &mut acc0);
+                    }
+                    finish([acc0, acc1], [[0.0; R]; 2], out);
                 }
             }
         }
