@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::quant::{self, QuantKernel, QuantMatrix};
-use super::simd::{axpy, dot, dot4};
+use super::simd::{axpy_strided, dot, dot4, dots_strided};
 use super::{Backend, HostWeight, KvLayout, RopeStyle, StepMetadata};
 
 /// A row-major 2-D array of f32 in host memory.
@@ -397,23 +397,39 @@ impl Backend for CpuBackend {
                 let pos = seq.context_len as usize + (t - seq.query_start as usize);
                 let kv_head = h / group;
                 let qh = &q.data[t * q.cols + h * d..t * q.cols + (h + 1) * d];
+                let stride = layout.token_stride();
+                // Positions 0..=pos, one KV block at a time: the keys of a block are `stride`
+                // apart in the layer's array, starting at the block's first slot.
+                let runs = || {
+                    (0..=pos).step_by(bs).map(move |j0| {
+                        let n = bs.min(pos + 1 - j0);
+                        let at = table[j0 / bs] as usize * bs * stride + kv_head * d;
+                        (j0, n, at..at + (n - 1) * stride + d)
+                    })
+                };
                 scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for j in 0..=pos {
-                    let slot = table[j / bs] as usize * bs + j % bs;
-                    let s = dot(qh, cache.key(layer, slot, kv_head)) * scale;
-                    max = max.max(s);
-                    scores.push(s);
+                scores.resize(pos + 1, 0.0);
+                for (j0, n, rows) in runs() {
+                    dots_strided(
+                        qh,
+                        &cache.k[layer][rows],
+                        stride,
+                        scale,
+                        &mut scores[j0..j0 + n],
+                    );
                 }
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0;
                 for s in scores.iter_mut() {
                     *s = (*s - max).exp();
                     sum += *s;
                 }
                 let inv = 1.0 / sum;
-                for (j, &p) in scores.iter().enumerate() {
-                    let slot = table[j / bs] as usize * bs + j % bs;
-                    axpy(p * inv, cache.value(layer, slot, kv_head), o);
+                for s in scores.iter_mut() {
+                    *s *= inv;
+                }
+                for (j0, n, rows) in runs() {
+                    axpy_strided(&scores[j0..j0 + n], &cache.v[layer][rows], stride, o);
                 }
             });
         out

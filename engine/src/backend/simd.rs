@@ -59,6 +59,22 @@ fn axpy_generic(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `out[i] = scale · q·rows[i]`, where row `i` starts at `i * stride` in `base`.
+#[inline(always)]
+fn dots_strided_generic(q: &[f32], base: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = scale * dot_generic(q, &base[i * stride..i * stride + q.len()]);
+    }
+}
+
+/// `y += Σ p[i] · rows[i]`, where row `i` starts at `i * stride` in `base`.
+#[inline(always)]
+fn axpy_strided_generic(p: &[f32], base: &[f32], stride: usize, y: &mut [f32]) {
+    for (i, &a) in p.iter().enumerate() {
+        axpy_generic(a, &base[i * stride..i * stride + y.len()], y);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! Hand-written AVX2/FMA kernels: the generic code does not reliably vectorise into
@@ -145,6 +161,75 @@ mod avx2 {
         }
     }
 
+    /// Scores of one query against `out.len()` keys spaced `stride` apart: the inner loop
+    /// of paged attention, one call per KV block instead of one per key.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dots_strided(
+        q: &[f32],
+        base: &[f32],
+        stride: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        unsafe {
+            let d = q.len();
+            if !d.is_multiple_of(16) || d > 256 {
+                return super::dots_strided_generic(q, base, stride, scale, out);
+            }
+            let pq = q.as_ptr();
+            let pb = base.as_ptr();
+            for (i, o) in out.iter_mut().enumerate() {
+                let row = pb.add(i * stride);
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut j = 0;
+                while j < d {
+                    a0 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(pq.add(j)),
+                        _mm256_loadu_ps(row.add(j)),
+                        a0,
+                    );
+                    a1 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(pq.add(j + 8)),
+                        _mm256_loadu_ps(row.add(j + 8)),
+                        a1,
+                    );
+                    j += 16;
+                }
+                *o = scale * hsum(_mm256_add_ps(a0, a1));
+            }
+        }
+    }
+
+    /// `y += Σ p[i] · rows[i]` with `y` held in registers across the rows (head sizes up to
+    /// 128 in multiples of 8; others take the portable loop).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_strided(p: &[f32], base: &[f32], stride: usize, y: &mut [f32]) {
+        unsafe {
+            let d = y.len();
+            if !d.is_multiple_of(8) || d > 128 {
+                return super::axpy_strided_generic(p, base, stride, y);
+            }
+            let lanes = d / 8;
+            let py = y.as_mut_ptr();
+            let mut acc = [_mm256_setzero_ps(); 16];
+            for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+                *a = _mm256_loadu_ps(py.add(l * 8));
+            }
+            let pb = base.as_ptr();
+            for (i, &w) in p.iter().enumerate() {
+                let row = pb.add(i * stride);
+                let wv = _mm256_set1_ps(w);
+                for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(l * 8)), wv, *a);
+                }
+            }
+            for (l, a) in acc.iter().enumerate().take(lanes) {
+                _mm256_storeu_ps(py.add(l * 8), *a);
+            }
+        }
+    }
+
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         unsafe {
@@ -193,7 +278,50 @@ pub fn dot4(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
     dot4_generic(x, w)
 }
 
-/// y[i] += alpha · x[i].
+/// `out[i] = scale · dot(q, base[i·stride ..][..q.len()])` for every `i < out.len()`.
+///
+/// # Panics
+/// If `base` is shorter than the last row needs.
+#[inline]
+pub fn dots_strided(q: &[f32], base: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    if out.is_empty() {
+        return;
+    }
+    assert!(
+        base.len() >= (out.len() - 1) * stride + q.len(),
+        "dots_strided: base too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports the features; every row read is inside `base` (checked).
+        return unsafe { avx2::dots_strided(q, base, stride, scale, out) };
+    }
+    dots_strided_generic(q, base, stride, scale, out)
+}
+
+/// `y += Σᵢ p[i] · base[i·stride ..][..y.len()]`.
+///
+/// # Panics
+/// If `base` is shorter than the last row needs.
+#[inline]
+pub fn axpy_strided(p: &[f32], base: &[f32], stride: usize, y: &mut [f32]) {
+    if p.is_empty() {
+        return;
+    }
+    assert!(
+        base.len() >= (p.len() - 1) * stride + y.len(),
+        "axpy_strided: base too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports the features; every row read is inside `base` (checked).
+        return unsafe { avx2::axpy_strided(p, base, stride, y) };
+    }
+    axpy_strided_generic(p, base, stride, y)
+}
+
+/// y[i] += alpha · x[i] (the strided form is what attention uses).
+#[cfg(test)]
 #[inline]
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -225,6 +353,32 @@ mod tests {
             axpy(0.5, &a, &mut y);
             for i in 0..n {
                 assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
+            }
+        }
+    }
+
+    #[test]
+    fn strided_kernels_match_their_portable_versions() {
+        // Head sizes the fast paths take (64, 128) and ones they hand back (24, 100).
+        for d in [24usize, 64, 100, 128] {
+            let stride = 3 * d + 5;
+            let rows = 7;
+            let base: Vec<f32> = (0..rows * stride)
+                .map(|i| (i as f32 * 0.37).sin())
+                .collect();
+            let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.11).cos()).collect();
+            let (mut got, mut want) = (vec![0.0; rows], vec![0.0; rows]);
+            dots_strided(&q, &base, stride, 0.5, &mut got);
+            dots_strided_generic(&q, &base, stride, 0.5, &mut want);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-4, "d={d}: {g} vs {w}");
+            }
+            let p: Vec<f32> = (0..rows).map(|i| 0.1 * i as f32 - 0.2).collect();
+            let (mut y, mut y_ref) = (q.clone(), q.clone());
+            axpy_strided(&p, &base, stride, &mut y);
+            axpy_strided_generic(&p, &base, stride, &mut y_ref);
+            for (g, w) in y.iter().zip(&y_ref) {
+                assert!((g - w).abs() < 1e-5, "d={d}: {g} vs {w}");
             }
         }
     }

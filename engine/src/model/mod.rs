@@ -61,7 +61,7 @@ pub enum ModelError {
     NotFound(String),
     /// A known model whose file has not been fetched.
     #[error(
-        "{name} is not in the model cache (looked for {path}); run scripts/fetch-model.sh {name} first, or set BALLAST_MODEL_CACHE"
+        "{name} is not in the model cache (looked for {path}); run scripts/fetch-model.sh first, or set BALLAST_MODEL_CACHE"
     )]
     NotCached {
         /// The documented name.
@@ -102,7 +102,7 @@ pub struct KnownModel {
     pub file: &'static str,
 }
 
-/// Real models known by name. `scripts/fetch-model.sh NAME` puts each in the cache.
+/// Real models known by name. `scripts/fetch-model.sh` puts the default one in the cache.
 pub const KNOWN_MODELS: [KnownModel; 1] = [KnownModel {
     name: "smollm2-135m",
     file: "SmolLM2-135M-Instruct.Q4_1.gguf",
