@@ -3,8 +3,9 @@
 
 Runs the GGUF model through llama-cpp-python (pinned 0.3.36) on fixed prompts and writes,
 per prompt: the prompt's token ids, the first step's 16 largest logits, and 32 greedy
-tokens (plain argmax over the raw logits, no sampler). The engine's test feeds the same
-ids to Ballast's forward pass and compares.
+tokens (plain argmax over the raw logits, no sampler), twice: with llama.cpp's default f16
+KV cache, and with an f32 KV cache (`greedy_ids_kv_f32`), the precision Ballast keeps. The
+engine's test feeds the same ids to Ballast's forward pass and compares.
 
     python3 -m venv /tmp/llamacpp && /tmp/llamacpp/bin/pip install llama-cpp-python==0.3.36
     /tmp/llamacpp/bin/python scripts/reference/greedy.py "$(scripts/fetch-model.sh)" \
@@ -56,24 +57,33 @@ def last_logits(llm):
     return np.array(row, dtype=np.float32)
 
 
+def greedy(llm, ids):
+    """First-step logits and GREEDY_TOKENS argmax tokens after `ids`."""
+    llm.reset()
+    llm.eval(ids)
+    first = last_logits(llm)
+    out = []
+    logits = first
+    for _ in range(GREEDY_TOKENS):
+        nxt = int(np.argmax(logits))
+        out.append(nxt)
+        llm.eval([nxt])
+        logits = last_logits(llm)
+    return first, out
+
+
 def main(path):
     with open(path, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
     llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=2, n_batch=512, verbose=False)
+    f32_kv = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=2, n_batch=512, verbose=False,
+                             type_k=llama_c.GGML_TYPE_F32, type_v=llama_c.GGML_TYPE_F32)
     cases = []
     for prompt in PROMPTS:
         ids = llm.tokenize(prompt.encode(), add_bos=False, special=True)
-        llm.reset()
-        llm.eval(ids)
-        first = last_logits(llm)
+        first, out = greedy(llm, ids)
         order = np.argsort(-first)[:TOP]
-        out = []
-        logits = first
-        for _ in range(GREEDY_TOKENS):
-            nxt = int(np.argmax(logits))
-            out.append(nxt)
-            llm.eval([nxt])
-            logits = last_logits(llm)
+        _, out_f32 = greedy(f32_kv, ids)
         cases.append({
             "prompt": prompt,
             "prompt_ids": [int(t) for t in ids],
@@ -81,6 +91,7 @@ def main(path):
             "top_logits": [round(float(first[i]), 4) for i in order],
             "greedy_ids": out,
             "greedy_text": llm.detokenize(out).decode("utf-8", "replace"),
+            "greedy_ids_kv_f32": out_f32,
         })
     json.dump({
         "generator": f"llama-cpp-python {llama_cpp.__version__}, scripts/reference/greedy.py",
