@@ -15,8 +15,9 @@ use crate::scheduler::SchedulerConfig;
 /// flag also reads the `BALLAST_*` environment variable shown in `--help`.
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
-    /// Model to serve: `synthetic:tiny`, `synthetic:small` (CPU) or `synthetic:llama-3-8b`
-    /// (reserved for the CUDA backend).
+    /// Model to serve: `synthetic:tiny`, `synthetic:small` (CPU), `synthetic:llama-3-8b`
+    /// (reserved for the CUDA backend), `smollm2-135m` (the default real model, from the model
+    /// cache) or a path to a Llama GGUF file.
     #[arg(
         long,
         env = "BALLAST_MODEL",

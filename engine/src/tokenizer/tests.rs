@@ -599,7 +599,7 @@ fn smollm2() -> Option<BpeTokenizer> {
     Some(BpeTokenizer::from_gguf(&file.tokenizer_metadata().unwrap()).unwrap())
 }
 
-/// llama.cpp's token ids for fixed strings (scripts/reference/tokenize.py).
+/// llama.cpp's token ids for fixed strings (scripts/reference/tokenize_strings.py).
 #[derive(Debug)]
 struct Fixture {
     cases: Vec<(String, Vec<u32>)>,
@@ -611,7 +611,7 @@ fn fixture() -> Fixture {
         "/tests/fixtures/smollm2_tokens.json"
     );
     let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{path}: {e}; run scripts/reference/tokenize.py"));
+        .unwrap_or_else(|e| panic!("{path}: {e}; run scripts/reference/tokenize_strings.py"));
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(json["model"], "SmolLM2-135M-Instruct.Q4_1.gguf");
     assert_eq!(

@@ -8,7 +8,7 @@ id for id (engine/src/tokenizer/tests.rs).
 
     pip install llama-cpp-python==0.3.36          # builds llama.cpp from source
     scripts/fetch-model.sh                         # caches the GGUF file
-    python3 scripts/reference/tokenize.py [MODEL.gguf]
+    python3 scripts/reference/tokenize_strings.py [MODEL.gguf]
 
 The model path defaults to the cache scripts/fetch-model.sh fills.
 """
@@ -72,7 +72,7 @@ def main() -> None:
         for text in CASES
     ]
     header = {
-        "generator": "scripts/reference/tokenize.py",
+        "generator": "scripts/reference/tokenize_strings.py",
         "llama_cpp_python_version": llama_cpp.__version__,
         "model": model.name,
         "add_bos": False,
