@@ -17,7 +17,7 @@ use crate::scheduler::SchedulerConfig;
 pub struct EngineArgs {
     /// Model to serve: `synthetic:tiny`, `synthetic:small` (CPU), `synthetic:llama-3-8b`
     /// (reserved for the CUDA backend), `smollm2-135m` (the default real model, from the model
-    /// cache) or a path to a Llama GGUF file.
+    /// cache), a path to a Llama GGUF file, or a Hugging Face Llama directory.
     #[arg(
         long,
         env = "BALLAST_MODEL",

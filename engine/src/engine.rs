@@ -108,6 +108,9 @@ impl Engine {
             ),
             ModelSource::Gguf {
                 tensors, tokenizer, ..
+            }
+            | ModelSource::Safetensors {
+                tensors, tokenizer, ..
             } => {
                 let weights = LlamaWeights::upload(&CpuBackend, &config.model, (**tensors).clone());
                 let model = LlamaModel::new(config.model.clone(), CpuBackend, Arc::new(weights));

@@ -1,6 +1,7 @@
 //! Model shapes, the built-in synthetic models and their deterministic weights.
 
 pub mod gguf;
+pub mod hf;
 pub mod llama;
 
 use std::path::{Path, PathBuf};
@@ -85,8 +86,18 @@ pub enum ModelError {
         /// What is wrong with the tokenizer.
         source: TokenizerError,
     },
+    /// A Hugging Face directory that cannot be served.
+    #[error("{path}: {source}")]
+    Hf {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        source: hf::HfError,
+    },
     /// A file format Ballast does not read.
-    #[error("{0}: only GGUF files (.gguf) can be served so far")]
+    #[error(
+        "{0}: Ballast reads GGUF files (.gguf) and Hugging Face directories (config.json with *.safetensors)"
+    )]
     UnsupportedFormat(PathBuf),
 }
 
@@ -125,6 +136,15 @@ pub fn model_cache_dir() -> PathBuf {
 pub enum ModelSource {
     /// Generated from the engine's seed.
     Synthetic,
+    /// A Hugging Face directory: safetensors weights expanded to f32, tokenizer.json.
+    Safetensors {
+        /// The directory.
+        path: PathBuf,
+        /// Its tensors.
+        tensors: Arc<ModelTensors<'static>>,
+        /// Its tokenizer and chat template.
+        tokenizer: Arc<dyn Tokenizer>,
+    },
     /// A GGUF file, memory-mapped; its tensors already checked against the spec.
     Gguf {
         /// The file.
@@ -143,6 +163,9 @@ impl std::fmt::Debug for ModelSource {
         match self {
             ModelSource::Synthetic => f.write_str("Synthetic"),
             ModelSource::Gguf { path, .. } => f.debug_tuple("Gguf").field(path).finish(),
+            ModelSource::Safetensors { path, .. } => {
+                f.debug_tuple("Safetensors").field(path).finish()
+            }
         }
     }
 }
@@ -187,6 +210,9 @@ impl ResolvedModel {
             }
             None => PathBuf::from(model),
         };
+        if path.is_dir() && path.join("config.json").is_file() {
+            return Self::open_hf_dir(&path);
+        }
         if !path.is_file() {
             return Err(ModelError::NotFound(model.to_string()));
         }
@@ -194,6 +220,39 @@ impl ResolvedModel {
             return Err(ModelError::UnsupportedFormat(path));
         }
         Self::open_gguf(&path)
+    }
+
+    /// Reads a Hugging Face directory: `config.json`, every `*.safetensors`, the tokenizer
+    /// files and `generation_config.json`'s EOS ids.
+    pub fn open_hf_dir(dir: &Path) -> Result<Self, ModelError> {
+        let err = |source| ModelError::Hf {
+            path: dir.to_path_buf(),
+            source,
+        };
+        let model = hf::HfModel::open(dir).map_err(err)?;
+        let tensors = model.tensors().map_err(err)?;
+        let tokenizer = model.tokenizer(dir)?;
+        if tokenizer.vocab_size() > model.spec.vocab_size {
+            return Err(ModelError::Tokenizer {
+                path: dir.to_path_buf(),
+                source: TokenizerError::Invalid {
+                    key: "tokenizer.json".into(),
+                    reason: format!(
+                        "{} tokens, but the embedding table has {} rows",
+                        tokenizer.vocab_size(),
+                        model.spec.vocab_size
+                    ),
+                },
+            });
+        }
+        Ok(Self {
+            spec: model.spec,
+            source: ModelSource::Safetensors {
+                path: dir.to_path_buf(),
+                tensors: Arc::new(tensors),
+                tokenizer: Arc::new(tokenizer),
+            },
+        })
     }
 
     /// Maps a GGUF file and checks its hyperparameters and tensors.

@@ -326,7 +326,10 @@ async fn models(State(engine): State<Engine>) -> Json<serde_json::Value> {
             "created": unix_now(),
             "owned_by": "ballast",
             "root": match &cfg.source {
-                crate::model::ModelSource::Gguf { path, .. } => path.display().to_string(),
+                crate::model::ModelSource::Gguf { path, .. }
+                | crate::model::ModelSource::Safetensors { path, .. } => {
+                    path.display().to_string()
+                }
                 crate::model::ModelSource::Synthetic => cfg.model.name.clone(),
             },
             "max_model_len": cfg.max_model_len(),

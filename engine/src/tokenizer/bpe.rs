@@ -472,6 +472,19 @@ impl BpeTokenizer {
     }
 
     /// The chat template in use (the model's, or ChatML).
+    /// Adds end-of-sequence ids from outside the tokenizer files (a Hugging Face
+    /// `generation_config.json`), keeping the order and dropping repeats and ids outside the
+    /// vocabulary.
+    pub fn with_extra_eos(mut self, ids: &[u32]) -> Self {
+        for &id in ids {
+            if (id as usize) < self.vocab_size && !self.eos_ids.contains(&id) {
+                self.eos_ids.push(id);
+            }
+        }
+        self
+    }
+
+    /// The chat template.
     pub fn chat_template(&self) -> &ChatTemplate {
         &self.chat_template
     }

@@ -135,7 +135,6 @@ mod tests {
     use super::super::{MetaArray, MetaValue};
     use super::*;
     use crate::backend::cpu::{CpuBackend, CpuTensor};
-    use crate::backend::{Backend, SeqSlice, StepMetadata};
     use crate::model::{HostWeights, LlamaModel, LlamaWeights, ResolvedModel};
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -254,24 +253,7 @@ mod tests {
     }
 
     fn logits(model: &LlamaModel<CpuBackend>, tokens: &[u32]) -> CpuTensor {
-        let n = tokens.len() as u32;
-        let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(8, 4));
-        let meta = StepMetadata {
-            token_ids: tokens.to_vec(),
-            positions: (0..n).collect(),
-            slot_mapping: (0..n).collect(),
-            seqs: vec![SeqSlice {
-                query_start: 0,
-                query_len: n,
-                context_len: 0,
-                block_table_start: 0,
-                block_table_len: n.div_ceil(4),
-            }],
-            block_tables: (0..n.div_ceil(4)).collect(),
-            logits_rows: (0..n).collect(),
-            block_size: 4,
-        };
-        model.forward(&mut cache, &meta)
+        crate::model::llama::prefill_logits(model, tokens)
     }
 
     fn from_file(bytes: Vec<u8>) -> LlamaModel<CpuBackend> {
