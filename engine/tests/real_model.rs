@@ -302,3 +302,50 @@ async fn the_served_model_answers_a_chat_and_stops_on_its_eos() {
         "no model_name=\"smollm2\" series with the context limit"
     );
 }
+
+/// The official `openai` Python client against the served model: the interpreter named by
+/// `BALLAST_OPENAI_PYTHON` (a venv with `openai` installed; `.ci/run` makes one). Skipped
+/// without it unless `BALLAST_REQUIRE_OPENAI` is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_python_client_gets_a_coherent_answer() {
+    let Some(python) = std::env::var_os("BALLAST_OPENAI_PYTHON") else {
+        assert!(
+            std::env::var_os("BALLAST_REQUIRE_OPENAI").is_none(),
+            "BALLAST_REQUIRE_OPENAI is set but BALLAST_OPENAI_PYTHON is not"
+        );
+        eprintln!("skipped: set BALLAST_OPENAI_PYTHON to a Python with the openai package");
+        return;
+    };
+    if !cached() {
+        return;
+    }
+    let s = common::start(&[
+        "--model",
+        KNOWN_MODELS[0].name,
+        "--served-model-name",
+        "smollm2",
+        "--max-model-len",
+        "2048",
+    ])
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/openai_chat.py");
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .args([script, &base, "smollm2"])
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("the Python interpreter runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "openai client failed: {stderr}");
+    let got: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let content = got["content"].as_str().unwrap();
+    assert!(content.contains("Paris"), "{got}");
+    assert_eq!(got["finish_reason"], "stop", "{got}");
+    // Greedy decoding: the streamed answer is the same text, piece by piece.
+    assert_eq!(got["streamed"], got["content"], "{got}");
+    assert_eq!(got["models"], json!(["smollm2"]));
+}
