@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, SeqSlice, StepMetadata};
+use ballast_engine::backend::{Backend, StepMetadata};
 use ballast_engine::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
 };
@@ -21,24 +21,7 @@ fn step(
     tokens: &[u32],
     start: u32,
 ) -> Vec<f32> {
-    const BS: u32 = 16;
-    let n = tokens.len() as u32;
-    let end = start + n;
-    let meta = StepMetadata {
-        token_ids: tokens.to_vec(),
-        positions: (start..end).collect(),
-        slot_mapping: (start..end).collect(),
-        seqs: vec![SeqSlice {
-            query_start: 0,
-            query_len: n,
-            context_len: start,
-            block_table_start: 0,
-            block_table_len: end.div_ceil(BS),
-        }],
-        block_tables: (0..end.div_ceil(BS)).collect(),
-        logits_rows: vec![n - 1],
-        block_size: BS,
-    };
+    let meta = StepMetadata::single_sequence(tokens, start, 16, vec![tokens.len() as u32 - 1]);
     model.forward(cache, &meta).data
 }
 

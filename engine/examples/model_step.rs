@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, SeqSlice, StepMetadata};
+use ballast_engine::backend::{Backend, StepMetadata};
 use ballast_engine::model::{LlamaModel, LlamaWeights, ModelSource, ResolvedModel};
 
 fn main() {
@@ -35,23 +35,7 @@ fn main() {
     let bs = 16u32;
     let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(64, bs as usize));
     let step = |cache: &mut _, tokens: &[u32], start: u32| {
-        let n = tokens.len() as u32;
-        let end = start + n;
-        let meta = StepMetadata {
-            token_ids: tokens.to_vec(),
-            positions: (start..end).collect(),
-            slot_mapping: (start..end).collect(),
-            seqs: vec![SeqSlice {
-                query_start: 0,
-                query_len: n,
-                context_len: start,
-                block_table_start: 0,
-                block_table_len: end.div_ceil(bs),
-            }],
-            block_tables: (0..end.div_ceil(bs)).collect(),
-            logits_rows: vec![n - 1],
-            block_size: bs,
-        };
+        let meta = StepMetadata::single_sequence(tokens, start, bs, vec![tokens.len() as u32 - 1]);
         model.forward(cache, &meta).data
     };
     let t = Instant::now();

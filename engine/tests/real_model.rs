@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, SeqSlice, StepMetadata};
+use ballast_engine::backend::{Backend, StepMetadata};
 use ballast_engine::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
 };
@@ -93,24 +93,7 @@ fn step_rows(
     start: u32,
     rows: Vec<u32>,
 ) -> Vec<f32> {
-    const BS: u32 = 16;
-    let n = tokens.len() as u32;
-    let end = start + n;
-    let meta = StepMetadata {
-        token_ids: tokens.to_vec(),
-        positions: (start..end).collect(),
-        slot_mapping: (start..end).collect(),
-        seqs: vec![SeqSlice {
-            query_start: 0,
-            query_len: n,
-            context_len: start,
-            block_table_start: 0,
-            block_table_len: end.div_ceil(BS),
-        }],
-        block_tables: (0..end.div_ceil(BS)).collect(),
-        logits_rows: rows,
-        block_size: BS,
-    };
+    let meta = StepMetadata::single_sequence(tokens, start, 16, rows);
     model.forward(cache, &meta).data
 }
 
@@ -225,12 +208,9 @@ fn teacher_forced_top1_agrees_with_llama_cpp() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_served_model_answers_a_chat_and_stops_on_its_eos() {
-    if !cached() {
-        return;
-    }
-    let s = common::start(&[
+/// The default model served on loopback as `smollm2`, context 2,048.
+async fn serve_smollm2() -> common::TestServer {
+    common::start(&[
         "--model",
         KNOWN_MODELS[0].name,
         "--served-model-name",
@@ -238,7 +218,15 @@ async fn the_served_model_answers_a_chat_and_stops_on_its_eos() {
         "--max-model-len",
         "2048",
     ])
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_model_answers_a_chat_and_stops_on_its_eos() {
+    if !cached() {
+        return;
+    }
+    let s = serve_smollm2().await;
     let (status, body) = s
         .post(
             "/v1/chat/completions",
@@ -308,7 +296,7 @@ async fn the_served_model_answers_a_chat_and_stops_on_its_eos() {
 /// without it unless `BALLAST_REQUIRE_OPENAI` is set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_python_client_gets_a_coherent_answer() {
-    let Some(python) = std::env::var_os("BALLAST_OPENAI_PYTHON") else {
+    let Some(python) = std::env::var_os("BALLAST_OPENAI_PYTHON").filter(|p| !p.is_empty()) else {
         assert!(
             std::env::var_os("BALLAST_REQUIRE_OPENAI").is_none(),
             "BALLAST_REQUIRE_OPENAI is set but BALLAST_OPENAI_PYTHON is not"
@@ -319,15 +307,7 @@ async fn the_openai_python_client_gets_a_coherent_answer() {
     if !cached() {
         return;
     }
-    let s = common::start(&[
-        "--model",
-        KNOWN_MODELS[0].name,
-        "--served-model-name",
-        "smollm2",
-        "--max-model-len",
-        "2048",
-    ])
-    .await;
+    let s = serve_smollm2().await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/openai_chat.py");
     let base = s.base.clone();
     let out = tokio::task::spawn_blocking(move || {

@@ -118,6 +118,35 @@ pub struct StepMetadata {
 }
 
 impl StepMetadata {
+    /// One sequence whose blocks are 0, 1, 2, …: computes `tokens` on top of `start` cached
+    /// tokens and returns logits for the rows in `logits_rows` (indexes into `tokens`). For
+    /// tests, benchmarks and examples that drive a model without a scheduler.
+    pub fn single_sequence(
+        tokens: &[u32],
+        start: u32,
+        block_size: u32,
+        logits_rows: Vec<u32>,
+    ) -> Self {
+        let n = tokens.len() as u32;
+        let end = start + n;
+        let blocks = end.div_ceil(block_size);
+        Self {
+            token_ids: tokens.to_vec(),
+            positions: (start..end).collect(),
+            slot_mapping: (start..end).collect(),
+            seqs: vec![SeqSlice {
+                query_start: 0,
+                query_len: n,
+                context_len: start,
+                block_table_start: 0,
+                block_table_len: blocks,
+            }],
+            block_tables: (0..blocks).collect(),
+            logits_rows,
+            block_size,
+        }
+    }
+
     /// Number of token rows in the step.
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()

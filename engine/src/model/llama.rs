@@ -248,27 +248,11 @@ pub(crate) fn prefill_logits(
     model: &LlamaModel<crate::backend::cpu::CpuBackend>,
     tokens: &[u32],
 ) -> crate::backend::cpu::CpuTensor {
-    use crate::backend::SeqSlice;
     let n = tokens.len() as u32;
-    let blocks = n.div_ceil(4);
     let mut cache = model
         .backend
-        .alloc_kv_cache(model.kv_layout(blocks as usize, 4));
-    let meta = StepMetadata {
-        token_ids: tokens.to_vec(),
-        positions: (0..n).collect(),
-        slot_mapping: (0..n).collect(),
-        seqs: vec![SeqSlice {
-            query_start: 0,
-            query_len: n,
-            context_len: 0,
-            block_table_start: 0,
-            block_table_len: blocks,
-        }],
-        block_tables: (0..blocks).collect(),
-        logits_rows: (0..n).collect(),
-        block_size: 4,
-    };
+        .alloc_kv_cache(model.kv_layout(n.div_ceil(4) as usize, 4));
+    let meta = StepMetadata::single_sequence(tokens, 0, 4, (0..n).collect());
     model.forward(&mut cache, &meta)
 }
 
