@@ -32,11 +32,14 @@ impl<B: Backend> Executor for ModelExecutor<B> {
         if meta.num_tokens() == 0 {
             return Vec::new();
         }
-        let logits = self.model.forward(&mut self.cache, meta);
-        if slots.is_empty() {
-            return Vec::new();
-        }
-        self.model.backend.sample(&logits, slots)
+        let (model, cache) = (&self.model, &mut self.cache);
+        model.backend.run_step(|| {
+            let logits = model.forward(cache, meta);
+            if slots.is_empty() {
+                return Vec::new();
+            }
+            model.backend.sample(&logits, slots)
+        })
     }
 }
 

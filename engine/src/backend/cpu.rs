@@ -264,6 +264,13 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// Runs the step on a thread of rayon's pool: every parallel op inside it then shares
+    /// out work from a pool thread, where the calling thread (a rank's loop) would have to
+    /// post each op to the pool and sleep until it finished, a thread switch per matmul.
+    fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
+        rayon::scope(|_| step())
+    }
+
     fn embedding(&self, table: &CpuWeight, meta: &CpuStepMeta) -> CpuTensor {
         let ids = &meta.meta.token_ids;
         let cols = table.shape().1;

@@ -189,6 +189,12 @@ pub trait Backend: Send + Sync + 'static {
     fn alloc_kv_cache(&self, layout: KvLayout) -> Self::KvCache;
     /// Prepares the step metadata once per step, before any op uses it.
     fn prepare_step(&self, meta: &StepMetadata) -> Self::StepMeta;
+    /// Runs `step` (one model step's ops) where the backend's own threads are, so that the
+    /// ops inside it hand work to one another without a thread switch each time. The default
+    /// runs it on the calling thread.
+    fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
+        step()
+    }
 
     /// Rows of `table` selected by the step's token ids: `[tokens, hidden]`.
     fn embedding(&self, table: &Self::Weight, meta: &Self::StepMeta) -> Self::Tensor;

@@ -200,6 +200,11 @@ impl<B: Backend> LlamaModel<B> {
     /// Runs one batched step: writes every new token's K/V into `cache` and returns the
     /// logits `[logits_rows, vocab]` of the rows that sample.
     pub fn forward(&self, cache: &mut B::KvCache, meta: &StepMetadata) -> B::Tensor {
+        self.backend.run_step(|| self.forward_here(cache, meta))
+    }
+
+    /// [`LlamaModel::forward`] on the calling thread.
+    fn forward_here(&self, cache: &mut B::KvCache, meta: &StepMetadata) -> B::Tensor {
         let b = &self.backend;
         let w = &*self.weights;
         let s = &self.spec;
