@@ -392,18 +392,32 @@ impl Backend for CpuBackend {
         let bs = meta.meta.block_size as usize;
         let scale = 1.0 / (d as f32).sqrt();
         let mut out = CpuTensor::zeros(q.rows, q.cols);
-        // One task per (token, head): decode batches and long prefills both spread over cores.
+        // A task serves one token and `per` query heads of one KV head's group (their outputs
+        // are adjacent). With the whole group, each block of keys and values is read from
+        // memory once and from L1 for the group's other heads; that is the choice when there
+        // are enough (token, KV head) pairs to keep every thread busy (decode batches, long
+        // prefills). A single sequence's decode step has as few tasks as KV heads, so there a
+        // task takes one query head and the threads share the work evenly.
+        let tasks_per_token = layout.num_kv_heads;
+        let per = if q.rows * tasks_per_token >= 4 * rayon::current_num_threads() {
+            group
+        } else {
+            1
+        };
+        let chunks_per_token = num_heads / per;
         out.data
-            .par_chunks_mut(d)
-            .with_min_len(4)
+            .par_chunks_mut(per * d)
+            .with_min_len(2)
             .enumerate()
             .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, o)| {
-                let (t, h) = (i / num_heads, i % num_heads);
+                let (t, h0) = (i / chunks_per_token, i % chunks_per_token * per);
+                let kv_head = h0 / group;
                 let seq = &meta.meta.seqs[meta.row_seq[t] as usize];
                 let table = meta.meta.block_table(seq);
                 let pos = seq.context_len as usize + (t - seq.query_start as usize);
-                let kv_head = h / group;
-                let qh = &q.data[t * q.cols + h * d..t * q.cols + (h + 1) * d];
+                let len = pos + 1;
+                let q_at = t * q.cols + h0 * d;
+                let qs = &q.data[q_at..q_at + per * d];
                 let stride = layout.token_stride();
                 // Positions 0..=pos, one KV block at a time: the keys of a block are `stride`
                 // apart in the layer's array, starting at the block's first slot.
@@ -414,29 +428,32 @@ impl Backend for CpuBackend {
                         (j0, n, at..at + (n - 1) * stride + d)
                     })
                 };
+                // Scores of the task's head j at [j * len, (j + 1) * len).
                 scores.clear();
-                scores.resize(pos + 1, 0.0);
+                scores.resize(per * len, 0.0);
                 for (j0, n, rows) in runs() {
-                    dots_strided(
-                        qh,
-                        &cache.k[layer][rows],
-                        stride,
-                        scale,
-                        &mut scores[j0..j0 + n],
-                    );
+                    let keys = &cache.k[layer][rows];
+                    for (qh, s) in qs.chunks_exact(d).zip(scores.chunks_exact_mut(len)) {
+                        dots_strided(qh, keys, stride, scale, &mut s[j0..j0 + n]);
+                    }
                 }
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                for s in scores.iter_mut() {
-                    *s *= inv;
+                for s in scores.chunks_exact_mut(len) {
+                    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0.0;
+                    for v in s.iter_mut() {
+                        *v = (*v - max).exp();
+                        sum += *v;
+                    }
+                    let inv = 1.0 / sum;
+                    for v in s.iter_mut() {
+                        *v *= inv;
+                    }
                 }
                 for (j0, n, rows) in runs() {
-                    axpy_strided(&scores[j0..j0 + n], &cache.v[layer][rows], stride, o);
+                    let values = &cache.v[layer][rows];
+                    for (oh, s) in o.chunks_exact_mut(d).zip(scores.chunks_exact(len)) {
+                        axpy_strided(&s[j0..j0 + n], values, stride, oh);
+                    }
                 }
             });
         out
@@ -655,11 +672,23 @@ mod tests {
             );
             CpuBackend.write_kv(&mut cache, 0, &new_k, &new_v, &prepared);
             let q_all = stack(seqs.iter().map(|c| c.q.data.clone()), h.num_heads * h.d);
-            let got = CpuBackend.paged_attention(&q_all, &cache, 0, &prepared, h.num_heads);
             let want: Vec<f32> = seqs.iter().flat_map(|c| dense_attention(c, h)).collect();
-            assert_eq!(got.data.len(), want.len());
-            for (a, b) in got.data.iter().zip(&want) {
-                assert!((a - b).abs() < 1e-4, "case {case}: {a} vs {b}");
+            // One thread: tasks take whole query-head groups; 64: one query head each.
+            for threads in [1, 64] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let got = pool.install(|| {
+                    CpuBackend.paged_attention(&q_all, &cache, 0, &prepared, h.num_heads)
+                });
+                assert_eq!(got.data.len(), want.len());
+                for (a, b) in got.data.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() < 1e-4,
+                        "case {case}, {threads} threads: {a} vs {b}"
+                    );
+                }
             }
         }
     }
