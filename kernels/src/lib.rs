@@ -1,0 +1,1 @@
+//! CUDA kernels of the CUDA backend (work in progress).
