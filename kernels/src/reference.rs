@@ -1,0 +1,1 @@
+//! Plain-Rust CPU references of the kernels, argument for argument.
