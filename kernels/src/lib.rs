@@ -7,7 +7,7 @@
 //! cached on disk, keyed by source, architecture, options and NVRTC version.
 //!
 //! Every kernel matches an op of the engine's CPU backend, on the same memory layouts; the
-//! plain-Rust [`reference`] module restates each kernel with its argument layout, and its
+//! plain-Rust [`reference`](mod@reference) module restates each kernel with its argument layout, and its
 //! tests hold it equal to the engine's op.
 //!
 //! ```no_run
@@ -22,6 +22,8 @@
 //! `compute_90` with NVRTC 11.8 and check each entry point is in the PTX, and check the CPU
 //! references against the engine. The `#[ignore]`d tests in `tests/device.rs` launch every
 //! kernel on a GPU and compare it with its reference; `kernels/device-check.sh` runs them.
+
+#![warn(missing_docs)]
 
 pub mod reference;
 
