@@ -6,6 +6,7 @@ use clap::Args;
 use clap::builder::BoolishValueParser;
 
 use crate::admission::AdmissionLimits;
+use crate::device::Device;
 use crate::dispatcher::DispatchPolicy;
 use crate::metrics::buckets::Buckets;
 use crate::model::{ModelError, ModelSource, ModelSpec, ResolvedModel};
@@ -148,6 +149,11 @@ pub struct EngineArgs {
     /// Threads for CPU kernels [default: one per core].
     #[arg(long, env = "BALLAST_CPU_THREADS", value_name = "N")]
     pub cpu_threads: Option<usize>,
+
+    /// Device that runs the model: `cpu`, or `cuda` (refused, with the reason, until the CUDA
+    /// backend is finished).
+    #[arg(long, env = "BALLAST_DEVICE", value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
 
     /// Seconds between the per-engine stats log lines (and generation-throughput window).
     #[arg(
@@ -346,6 +352,7 @@ impl EngineConfig {
         if a.cpu_threads == Some(0) {
             return Err(bad("cpu-threads", "must be at least 1"));
         }
+        crate::device::check(a.device).map_err(|m| bad("device", m))?;
         if !(a.drain_timeout.is_finite() && a.drain_timeout >= 0.0) {
             return Err(bad(
                 "drain-timeout",
@@ -458,6 +465,14 @@ mod tests {
         assert_eq!(c.served_model_name, "synthetic:tiny");
         assert!(c.scheduler.enable_prefix_caching);
         assert!(c.scheduler.num_blocks * c.scheduler.block_size >= c.max_model_len());
+    }
+
+    #[test]
+    fn cuda_device_is_refused_by_name_not_by_panic() {
+        let e = EngineConfig::from_args(&parse(&["--device", "cuda"])).unwrap_err();
+        assert_eq!(e.flag, "device");
+        assert!(e.message.contains("--device cpu"), "{e}");
+        assert!(EngineConfig::from_args(&parse(&["--device", "cpu"])).is_ok());
     }
 
     #[test]

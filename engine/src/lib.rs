@@ -11,6 +11,7 @@ pub mod backend;
 pub mod config;
 pub mod control;
 pub mod core;
+pub mod device;
 pub mod dispatcher;
 pub mod dp;
 pub mod engine;
