@@ -32,6 +32,12 @@ fn time(f: impl Fn()) -> f64 {
 }
 
 fn main() {
+    // Inside the pool, as the engine runs its steps (`Backend::run_step`): called from outside,
+    // every matmul would also pay a hand-off to the pool's threads and back.
+    rayon::scope(|_| run());
+}
+
+fn run() {
     let mut rng = SplitMix64::new(1);
     println!(
         "threads: {}; µs per call, GB/s of weight bytes, ns per block-row product",
