@@ -100,10 +100,12 @@ __device__ Tally tally_from(const float* __restrict__ row, int cols, float inv_t
         if (!is_finite(v)) {
             continue;
         }
-        const float s = v * inv_t;
+        // Rounded product and difference (no FMA contraction), as the CPU computes them, so
+        // the masses and the token drawn match the engine's bit for bit.
+        const float s = __fmul_rn(v, inv_t);
         if (order_key(s, i) >= x) {
             count += 1;
-            mass += exp((double)(s - max));
+            mass += exp((double)__fsub_rn(s, max));
         }
     }
     Tally t;
@@ -152,7 +154,7 @@ extern "C" __global__ void sample_f32(const float* __restrict__ logits,
         if (!is_finite(v)) {
             continue;
         }
-        const float s = v * inv_t;
+        const float s = __fmul_rn(v, inv_t);
         const u64 key = order_key(s, i);
         count += 1;
         max = fmaxf(max, s);

@@ -350,7 +350,9 @@ fn decode_attention_direct_and_split_match_the_reference() {
             0,
             1,
         );
-        for partition in [0usize, 512, 100] {
+        // No split; splits of 512, 100 and 33 tokens (odd, just over a 32-key tile) and of
+        // 16 (under a tile).
+        for partition in [0usize, 512, 100, 33, 16] {
             let splits = if partition == 0 {
                 1
             } else {
