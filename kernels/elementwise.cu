@@ -1,5 +1,5 @@
 // Row-wise and element-wise kernels: embedding, RMSNorm, RoPE, SiLU·mul, residual add,
-// row gather and the KV-cache write. Tensors are row-major f32 `[rows, cols]`, as in the
+// row gather, the KV-cache write and the bf16 rounding of GEMM inputs. Tensors are row-major f32 `[rows, cols]`, as in the
 // engine's CPU backend, whose ops these match (see ballast_kernels::reference).
 
 // out[t, :] = table[ids[t], :].
@@ -127,5 +127,15 @@ extern "C" __global__ void write_kv_f32(const float* __restrict__ k, const float
     for (int i = threadIdx.x; i < token_stride; i += blockDim.x) {
         k_cache[dst + i] = k[src + i];
         v_cache[dst + i] = v[src + i];
+    }
+}
+
+// out[i] = x[i] rounded to bf16 (nearest even), element-wise over n values: the activation
+// operand of a bf16 GEMM. Any grid and block (grid-stride loop).
+extern "C" __global__ void f32_to_bf16(const float* __restrict__ x, u16* __restrict__ out,
+                                       size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = f32_to_bf16(x[i]);
     }
 }

@@ -6,7 +6,7 @@ use clap::Args;
 use clap::builder::BoolishValueParser;
 
 use crate::admission::AdmissionLimits;
-use crate::device::Device;
+use crate::device::{ComputeBackend, Device};
 use crate::dispatcher::DispatchPolicy;
 use crate::metrics::buckets::Buckets;
 use crate::model::{ModelError, ModelSource, ModelSpec, ResolvedModel};
@@ -150,8 +150,8 @@ pub struct EngineArgs {
     #[arg(long, env = "BALLAST_CPU_THREADS", value_name = "N")]
     pub cpu_threads: Option<usize>,
 
-    /// Device that runs the model: `cpu`, or `cuda` (refused, with the reason, until the CUDA
-    /// backend is finished).
+    /// Device that runs the model: `cpu`, or `cuda` (GPU 0; refused with the reason on a
+    /// machine without an NVIDIA GPU, its driver, NVRTC or cuBLAS).
     #[arg(long, env = "BALLAST_DEVICE", value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
 
@@ -255,6 +255,8 @@ pub struct EngineConfig {
     pub model: ModelSpec,
     /// Where the weights come from.
     pub source: ModelSource,
+    /// The backend the model runs on (opened while validating `--device`).
+    pub backend: ComputeBackend,
     /// `model` field clients must send, and the `model_name` label.
     pub served_model_name: String,
     /// HTTP address.
@@ -306,7 +308,7 @@ impl EngineConfig {
         let ResolvedModel {
             spec: mut model,
             source,
-        } = ResolvedModel::resolve(&a.model)?;
+        } = ResolvedModel::resolve_on(&a.model, a.device == Device::Cuda)?;
         if a.data_parallel_size == 0 || a.data_parallel_size > 64 {
             return Err(bad("data-parallel-size", "must be between 1 and 64"));
         }
@@ -353,6 +355,13 @@ impl EngineConfig {
             return Err(bad("cpu-threads", "must be at least 1"));
         }
         crate::device::check(a.device).map_err(|m| bad("device", m))?;
+        let backend = match a.device {
+            Device::Cpu => ComputeBackend::Cpu,
+            Device::Cuda => ComputeBackend::Cuda(
+                crate::backend::cuda::CudaBackend::new(0)
+                    .map_err(|e| bad("device", format!("{e}; use --device cpu")))?,
+            ),
+        };
         if !(a.drain_timeout.is_finite() && a.drain_timeout >= 0.0) {
             return Err(bad(
                 "drain-timeout",
@@ -433,6 +442,7 @@ impl EngineConfig {
             },
             model,
             source,
+            backend,
         })
     }
 

@@ -1,10 +1,11 @@
 //! Which device runs the model, and whether this machine can.
 //!
-//! The CPU backend is the reference and always available. The CUDA backend's kernels live in
-//! `kernels/` (compiled at start-up by NVRTC); the engine does not run a model on the GPU yet,
-//! so `--device cuda` is refused with the reason: first a missing driver or NVRTC library
-//! (looked up by name, never by creating a context, so nothing can panic on a machine without
-//! CUDA), then the missing backend itself.
+//! The CPU backend is the reference and always available. The CUDA backend
+//! ([`crate::backend::cuda`]) needs the driver, NVRTC (its kernels are compiled at start-up)
+//! and cuBLAS. [`check`] looks the libraries up by name, never by creating a context, so a
+//! machine without CUDA gets a refusal naming the missing part rather than a panic; the
+//! context itself is created by [`crate::backend::cuda::CudaBackend::new`], whose errors are
+//! reported the same way.
 
 /// Where the model's ops run (`--device`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -16,25 +17,29 @@ pub enum Device {
     Cuda,
 }
 
+/// The backend a configuration runs its model on.
+#[derive(Debug, Clone, Default)]
+pub enum ComputeBackend {
+    /// The CPU backend.
+    #[default]
+    Cpu,
+    /// The CUDA backend on an opened GPU.
+    Cuda(crate::backend::cuda::CudaBackend),
+}
+
 /// Whether this machine can serve on `device`: `Err` says why not and what would work.
 pub fn check(device: Device) -> Result<(), String> {
     match device {
         Device::Cpu => Ok(()),
         Device::Cuda => {
-            // SAFETY: both only try to open the libraries by their usual names.
-            let (driver, nvrtc) = unsafe {
-                (
-                    cudarc::driver::sys::is_culib_present(),
-                    cudarc::nvrtc::sys::is_culib_present(),
-                )
-            };
-            cuda_verdict(driver, nvrtc)
+            let (driver, cublas) = crate::backend::cuda::libraries_present();
+            cuda_verdict(driver, ballast_kernels::nvrtc_available(), cublas)
         }
     }
 }
 
 /// The answer for `--device cuda` given which CUDA libraries this machine has.
-fn cuda_verdict(driver: bool, nvrtc: bool) -> Result<(), String> {
+fn cuda_verdict(driver: bool, nvrtc: bool, cublas: bool) -> Result<(), String> {
     if !driver {
         return Err(
             "no CUDA driver library (libcuda.so.1) on this machine: CUDA needs an NVIDIA \
@@ -49,11 +54,14 @@ fn cuda_verdict(driver: bool, nvrtc: bool) -> Result<(), String> {
                 .into(),
         );
     }
-    Err(
-        "this build cannot run a model on the GPU yet: the CUDA kernels (kernels/) compile, \
-         but the CUDA backend is unfinished (issue 11); use --device cpu"
-            .into(),
-    )
+    if !cublas {
+        return Err(
+            "no cuBLAS library (libcublas.so) on this machine: the CUDA backend's GEMMs use \
+             it; install the CUDA runtime libraries or use --device cpu"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -67,13 +75,14 @@ mod tests {
 
     #[test]
     fn cuda_is_refused_with_the_missing_part_named() {
-        let no_driver = cuda_verdict(false, true).unwrap_err();
+        let no_driver = cuda_verdict(false, true, true).unwrap_err();
         assert!(no_driver.contains("libcuda"), "{no_driver}");
-        let no_nvrtc = cuda_verdict(true, false).unwrap_err();
+        let no_nvrtc = cuda_verdict(true, false, true).unwrap_err();
         assert!(no_nvrtc.contains("NVRTC"), "{no_nvrtc}");
-        let no_backend = cuda_verdict(true, true).unwrap_err();
-        assert!(no_backend.contains("unfinished"), "{no_backend}");
-        // On this machine, whatever it has, the answer is a refusal, not a panic.
-        assert!(check(Device::Cuda).is_err());
+        let no_cublas = cuda_verdict(true, true, false).unwrap_err();
+        assert!(no_cublas.contains("cuBLAS"), "{no_cublas}");
+        assert_eq!(cuda_verdict(true, true, true), Ok(()));
+        // On this machine, whatever it has, the answer is an answer, not a panic.
+        let _ = check(Device::Cuda);
     }
 }

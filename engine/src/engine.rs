@@ -9,9 +9,11 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 
 use crate::admission::{AdmissionLedger, RejectReason};
+use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::config::EngineConfig;
 use crate::core::{RankCommand, RankHandles, RankWorker};
+use crate::device::ComputeBackend;
 use crate::dispatcher::Dispatcher;
 use crate::dp::DpGroup;
 use crate::events::RequestId;
@@ -85,6 +87,40 @@ struct Inner {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// The model of `config` on `backend` and one executor (with its own KV cache) per rank.
+fn model_executors<B: Backend + Clone>(
+    config: &EngineConfig,
+    backend: B,
+) -> (Vec<Box<dyn Executor>>, Arc<dyn Tokenizer>) {
+    let (model, tokenizer): (_, Arc<dyn Tokenizer>) = match &config.source {
+        ModelSource::Synthetic => (
+            LlamaModel::synthetic(config.model.clone(), backend, config.seed),
+            Arc::new(ByteTokenizer),
+        ),
+        ModelSource::Gguf {
+            tensors, tokenizer, ..
+        }
+        | ModelSource::Safetensors {
+            tensors, tokenizer, ..
+        } => {
+            let weights = LlamaWeights::upload(&backend, &config.model, (**tensors).clone());
+            let model = LlamaModel::new(config.model.clone(), backend, Arc::new(weights));
+            (model, tokenizer.clone())
+        }
+    };
+    let s = config.scheduler;
+    let executors = (0..config.data_parallel_size)
+        .map(|_| {
+            Box::new(ModelExecutor::new(
+                model.clone(),
+                s.num_blocks,
+                s.block_size,
+            )) as Box<dyn Executor>
+        })
+        .collect();
+    (executors, tokenizer)
+}
+
 /// A running engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -92,7 +128,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds the model on the CPU backend and starts one thread per rank. Must be called
+    /// Builds the model on the configured backend and starts one thread per rank. Must be called
     /// inside a tokio runtime (the output router is a task).
     pub fn start(config: EngineConfig) -> Engine {
         if let Some(n) = config.cpu_threads {
@@ -101,32 +137,10 @@ impl Engine {
                 .num_threads(n)
                 .build_global();
         }
-        let (model, tokenizer): (_, Arc<dyn Tokenizer>) = match &config.source {
-            ModelSource::Synthetic => (
-                LlamaModel::synthetic(config.model.clone(), CpuBackend, config.seed),
-                Arc::new(ByteTokenizer),
-            ),
-            ModelSource::Gguf {
-                tensors, tokenizer, ..
-            }
-            | ModelSource::Safetensors {
-                tensors, tokenizer, ..
-            } => {
-                let weights = LlamaWeights::upload(&CpuBackend, &config.model, (**tensors).clone());
-                let model = LlamaModel::new(config.model.clone(), CpuBackend, Arc::new(weights));
-                (model, tokenizer.clone())
-            }
+        let (executors, tokenizer) = match &config.backend {
+            ComputeBackend::Cpu => model_executors(&config, CpuBackend),
+            ComputeBackend::Cuda(gpu) => model_executors(&config, gpu.clone()),
         };
-        let s = config.scheduler;
-        let executors = (0..config.data_parallel_size)
-            .map(|_| {
-                Box::new(ModelExecutor::new(
-                    model.clone(),
-                    s.num_blocks,
-                    s.block_size,
-                )) as Box<dyn Executor>
-            })
-            .collect();
         Self::start_with(config, executors, tokenizer)
     }
 

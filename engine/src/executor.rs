@@ -34,7 +34,7 @@ impl<B: Backend> Executor for ModelExecutor<B> {
         }
         let (model, cache) = (&self.model, &mut self.cache);
         model.backend.run_step(|| {
-            let logits = model.forward(cache, meta);
+            let logits = model.forward_in_step(cache, meta);
             if slots.is_empty() {
                 return Vec::new();
             }

@@ -84,6 +84,7 @@ pub const KERNELS: &[Kernel] = &[
     k("add_assign_f32", "elementwise.cu"),
     k("gather_rows_f32", "elementwise.cu"),
     k("write_kv_f32", "elementwise.cu"),
+    k("f32_to_bf16", "elementwise.cu"),
     k("paged_attention_decode_f32", "attention.cu"),
     k("paged_attention_merge_f32", "attention.cu"),
     k("paged_attention_prefill_f32", "attention.cu"),

@@ -40,6 +40,16 @@ pub fn bf16_to_f32(b: u16) -> f32 {
     f32::from_bits(u32::from(b) << 16)
 }
 
+/// `f32_to_bf16` (the device helper and the kernel of that name): round to nearest even; a
+/// NaN stays a quiet NaN.
+pub fn f32_to_bf16(f: f32) -> u16 {
+    let x = f.to_bits();
+    if x & 0x7fff_ffff > 0x7f80_0000 {
+        return ((x >> 16) | 0x40) as u16;
+    }
+    (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16
+}
+
 /// `embedding_bf16`: [`embedding_f32`] over a bf16 table (raw bits).
 pub fn embedding_bf16(table: &[u16], ids: &[u32], out: &mut [f32], hidden: usize) {
     for (o, &id) in out.chunks_mut(hidden).zip(ids) {

@@ -39,6 +39,9 @@ impl CpuTensor {
 pub enum CpuWeight {
     /// Dense f32.
     Dense(CpuTensor),
+    /// bf16 values widened to f32 (exactly). A product rounds its activations to bf16 first,
+    /// so it is the reference of the CUDA backend's bf16 GEMM (f32 accumulation).
+    Bf16(CpuTensor),
     /// Quantized blocks.
     Quant(QuantMatrix),
 }
@@ -47,7 +50,7 @@ impl CpuWeight {
     /// `(rows, cols)`.
     pub fn shape(&self) -> (usize, usize) {
         match self {
-            CpuWeight::Dense(t) => (t.rows, t.cols),
+            CpuWeight::Dense(t) | CpuWeight::Bf16(t) => (t.rows, t.cols),
             CpuWeight::Quant(q) => (q.rows, q.cols),
         }
     }
@@ -235,6 +238,18 @@ impl Backend for CpuBackend {
                     cols,
                 })
             }
+            HostWeight::Bf16 { data, rows, cols } => {
+                assert_eq!(
+                    data.len(),
+                    rows * cols,
+                    "upload_weight: data does not match shape"
+                );
+                CpuWeight::Bf16(CpuTensor {
+                    data: data.iter().map(|&b| super::bf16_to_f32(b)).collect(),
+                    rows,
+                    cols,
+                })
+            }
             HostWeight::Quant(q) => CpuWeight::Quant(q),
         }
     }
@@ -277,7 +292,7 @@ impl Backend for CpuBackend {
         let mut out = CpuTensor::zeros(ids.len(), cols);
         for (row, &id) in out.data.chunks_mut(cols).zip(ids) {
             match table {
-                CpuWeight::Dense(t) => row.copy_from_slice(t.row(id as usize)),
+                CpuWeight::Dense(t) | CpuWeight::Bf16(t) => row.copy_from_slice(t.row(id as usize)),
                 CpuWeight::Quant(q) => q.dequantize_row(id as usize, row),
             }
         }
@@ -287,6 +302,18 @@ impl Backend for CpuBackend {
     fn matmul(&self, x: &CpuTensor, w: &CpuWeight) -> CpuTensor {
         match w {
             CpuWeight::Dense(w) => self.matmul_with(x, w, MatmulKernel::Auto),
+            CpuWeight::Bf16(w) => {
+                let rounded = CpuTensor {
+                    data: x
+                        .data
+                        .iter()
+                        .map(|&v| super::bf16_to_f32(super::bf16_round(v)))
+                        .collect(),
+                    rows: x.rows,
+                    cols: x.cols,
+                };
+                self.matmul_with(&rounded, w, MatmulKernel::Auto)
+            }
             CpuWeight::Quant(w) => quant::matmul(x, w, QuantKernel::Auto),
         }
     }
@@ -296,7 +323,7 @@ impl Backend for CpuBackend {
             .iter()
             .filter_map(|w| match w {
                 CpuWeight::Quant(q) => Some(q),
-                CpuWeight::Dense(_) => None,
+                CpuWeight::Dense(_) | CpuWeight::Bf16(_) => None,
             })
             .collect();
         if quant.len() < N {
@@ -500,6 +527,35 @@ mod tests {
             .map(|_| rng.next_f32() * 2.0 - 1.0)
             .collect();
         CpuTensor { data, rows, cols }
+    }
+
+    #[test]
+    fn a_bf16_weight_multiplies_bf16_rounded_activations() {
+        use crate::backend::{bf16_round, bf16_to_f32};
+        let mut rng = SplitMix64::new(21);
+        let (x, w) = (random(3, 96, &mut rng), random(5, 96, &mut rng));
+        let host = HostWeight::F32 {
+            data: w.data.clone().into(),
+            rows: 5,
+            cols: 96,
+        };
+        let bf16 = CpuBackend.upload_weight(host.to_bf16());
+        assert!(matches!(bf16, CpuWeight::Bf16(_)));
+        let got = CpuBackend.matmul(&x, &bf16);
+        // By hand: both operands rounded to bf16, products summed in f64.
+        let round = |v: f32| bf16_to_f32(bf16_round(v));
+        for r in 0..3 {
+            for c in 0..5 {
+                let want: f64 = (0..96)
+                    .map(|k| round(x.row(r)[k]) as f64 * round(w.row(c)[k]) as f64)
+                    .sum();
+                let g = got.row(r)[c] as f64;
+                assert!((g - want).abs() < 1e-4, "[{r}, {c}]: {g} vs {want}");
+            }
+        }
+        // Rounding the activations is visible: the unrounded product differs.
+        let dense = CpuBackend.matmul(&x, &CpuBackend.upload_weight(host));
+        assert_ne!(dense.data, got.data);
     }
 
     fn naive_matmul(x: &CpuTensor, w: &CpuTensor) -> Vec<f32> {

@@ -7,6 +7,7 @@
 //! implements the same trait and must produce the same greedy tokens.
 
 pub mod cpu;
+pub mod cuda;
 pub mod quant;
 mod simd;
 
@@ -27,8 +28,67 @@ pub enum HostWeight<'a> {
         /// Columns.
         cols: usize,
     },
+    /// bf16 values (raw bits), row-major. A backend multiplies them with activations
+    /// rounded to bf16 and accumulates in f32 (a bf16 GEMM), on every backend alike.
+    Bf16 {
+        /// `rows * cols` values.
+        data: std::borrow::Cow<'a, [u16]>,
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+    },
     /// Quantized blocks, typically in a memory-mapped model file.
     Quant(QuantMatrix),
+}
+
+impl HostWeight<'_> {
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            HostWeight::F32 { rows, cols, .. } | HostWeight::Bf16 { rows, cols, .. } => {
+                (*rows, *cols)
+            }
+            HostWeight::Quant(q) => (q.rows, q.cols),
+        }
+    }
+
+    /// This weight rounded to bf16 (quantized blocks are expanded first); bf16 stays as is.
+    pub fn to_bf16(&self) -> HostWeight<'static> {
+        let (rows, cols) = self.shape();
+        let data: Vec<u16> = match self {
+            HostWeight::Bf16 { data, .. } => data.to_vec(),
+            HostWeight::F32 { data, .. } => {
+                use rayon::prelude::*;
+                data.par_iter().map(|&v| bf16_round(v)).collect()
+            }
+            HostWeight::Quant(q) => {
+                let mut row = vec![0.0f32; cols];
+                let mut out = Vec::with_capacity(rows * cols);
+                for r in 0..rows {
+                    q.dequantize_row(r, &mut row);
+                    out.extend(row.iter().map(|&v| bf16_round(v)));
+                }
+                out
+            }
+        };
+        HostWeight::Bf16 {
+            data: std::borrow::Cow::Owned(data),
+            rows,
+            cols,
+        }
+    }
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), as raw bits; a NaN stays a quiet NaN.
+/// The rounding every backend applies to a bf16 GEMM's activations.
+pub fn bf16_round(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+/// The f32 value of bf16 bits (exact).
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
 }
 
 /// How rotary embedding pairs the dimensions of a head.

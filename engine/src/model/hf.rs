@@ -343,6 +343,7 @@ fn llama_spec(c: &Value, dir: &Path) -> Result<(ModelSpec, bool), HfError> {
         rope_theta: float("rope_theta", 10_000.0) as f32,
         rms_norm_eps: float("rms_norm_eps", 1e-6) as f32,
         rope_style: RopeStyle::Halves,
+        weight_dtype: super::WeightDtype::F32,
     };
     Ok((spec, c["tie_word_embeddings"].as_bool().unwrap_or(false)))
 }

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::{HostWeights, ModelSpec};
+use super::{HostWeights, ModelSpec, WeightDtype};
 use crate::backend::{Backend, HostWeight, KvLayout, StepMetadata};
 
 /// Every tensor of a Llama model on the host, before upload: borrowed from generated
@@ -100,7 +100,10 @@ impl<B: Backend> LlamaWeights<B> {
     pub fn upload(backend: &B, spec: &ModelSpec, host: ModelTensors<'_>) -> Self {
         let h = spec.hidden_size;
         let norm = |data: &[f32]| backend.upload(data, 1, h);
-        let up = |w: HostWeight<'_>| backend.upload_weight(w);
+        let up = |w: HostWeight<'_>| match (spec.weight_dtype, &w) {
+            (WeightDtype::Bf16, HostWeight::F32 { .. }) => backend.upload_weight(w.to_bf16()),
+            _ => backend.upload_weight(w),
+        };
         let layers = host
             .layers
             .into_iter()
@@ -200,11 +203,11 @@ impl<B: Backend> LlamaModel<B> {
     /// Runs one batched step: writes every new token's K/V into `cache` and returns the
     /// logits `[logits_rows, vocab]` of the rows that sample.
     pub fn forward(&self, cache: &mut B::KvCache, meta: &StepMetadata) -> B::Tensor {
-        self.backend.run_step(|| self.forward_here(cache, meta))
+        self.backend.run_step(|| self.forward_in_step(cache, meta))
     }
 
-    /// [`LlamaModel::forward`] on the calling thread.
-    fn forward_here(&self, cache: &mut B::KvCache, meta: &StepMetadata) -> B::Tensor {
+    /// [`LlamaModel::forward`] for a caller already inside [`Backend::run_step`].
+    pub(crate) fn forward_in_step(&self, cache: &mut B::KvCache, meta: &StepMetadata) -> B::Tensor {
         let b = &self.backend;
         let w = &*self.weights;
         let s = &self.spec;

@@ -40,6 +40,20 @@ pub struct ModelSpec {
     pub rms_norm_eps: f32,
     /// How RoPE pairs the dimensions of a head, which follows how the Q and K rows are stored.
     pub rope_style: RopeStyle,
+    /// The type generated weight matrices are stored in. Model files keep their own types;
+    /// this only decides what synthetic weights become on upload.
+    pub weight_dtype: WeightDtype,
+}
+
+/// Storage type of synthetic weight matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightDtype {
+    /// f32: the CPU backend's native type, and an f32 GEMM on CUDA.
+    #[default]
+    F32,
+    /// bf16, multiplied as a bf16 GEMM with f32 accumulation on every backend (the CPU rounds
+    /// its activations to bf16 to match).
+    Bf16,
 }
 
 /// Errors naming what is wrong with a `--model` value.
@@ -184,9 +198,15 @@ impl ResolvedModel {
     /// ([`KNOWN_MODELS`]) or a path to a `.gguf` file. A file is mapped and every tensor it
     /// needs is checked, so a bad file fails here, before the engine starts.
     pub fn resolve(model: &str) -> Result<Self, ModelError> {
+        Self::resolve_on(model, false)
+    }
+
+    /// [`ResolvedModel::resolve`] for a backend on a GPU (`gpu`), which also takes the
+    /// synthetic models too large for the CPU.
+    pub fn resolve_on(model: &str, gpu: bool) -> Result<Self, ModelError> {
         if let Some(name) = model.strip_prefix("synthetic:") {
             let spec = ModelSpec::synthetic(name)?;
-            if spec.num_params() > 1_000_000_000 {
+            if !gpu && spec.num_params() > 1_000_000_000 {
                 return Err(ModelError::NeedsGpu(
                     spec.name.clone(),
                     format!("{:.1} B", spec.num_params() as f64 / 1e9),
@@ -314,6 +334,7 @@ impl ModelSpec {
                 rope_theta: 10_000.0,
                 rms_norm_eps: 1e-5,
                 rope_style: RopeStyle::Halves,
+                weight_dtype: WeightDtype::F32,
             },
             // About 25 M parameters: a CPU benchmark model whose steps cost milliseconds.
             "small" => Self {
@@ -329,6 +350,7 @@ impl ModelSpec {
                 rope_theta: 10_000.0,
                 rms_norm_eps: 1e-5,
                 rope_style: RopeStyle::Halves,
+                weight_dtype: WeightDtype::F32,
             },
             // Llama-3-8B's shapes, so GPU benchmarks run at a realistic size.
             "llama-3-8b" => Self {
@@ -344,6 +366,7 @@ impl ModelSpec {
                 rope_theta: 500_000.0,
                 rms_norm_eps: 1e-5,
                 rope_style: RopeStyle::Halves,
+                weight_dtype: WeightDtype::Bf16,
             },
             other => return Err(ModelError::UnknownSynthetic(other.to_string())),
         };

@@ -411,3 +411,33 @@ fn sampling_reference_draws_what_the_engine_draws() {
         "the draws were not random: {distinct:?}"
     );
 }
+
+#[test]
+fn bf16_rounding_equals_the_engines() {
+    let mut rng = SplitMix64::new(11);
+    let mut values = vec![
+        0.0,
+        -0.0,
+        1.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        // Exact ties between two bf16 values, rounding down (even) and up (odd).
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        // Just above a tie, and a subnormal.
+        f32::from_bits(0x3f80_8001),
+        f32::from_bits(0x0000_8000),
+    ];
+    values.extend((0..100_000).map(|_| f32::from_bits(rng.next_u64() as u32)));
+    for v in values {
+        assert_eq!(
+            f32_to_bf16(v),
+            ballast_engine::backend::bf16_round(v),
+            "{v:e} ({:#010x})",
+            v.to_bits()
+        );
+    }
+}

@@ -136,6 +136,7 @@ impl<D: Deref<Target = [u8]>> GgufFile<D> {
             rms_norm_eps: rms_norm_eps as f32,
             // llama.cpp's converter permutes Llama Q/K rows for its pairwise rotation.
             rope_style: RopeStyle::Pairs,
+            weight_dtype: crate::model::WeightDtype::F32,
         })
     }
 

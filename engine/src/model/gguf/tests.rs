@@ -534,6 +534,7 @@ fn llama_spec_reads_every_hyperparameter() {
             rope_theta: 100_000.0,
             rms_norm_eps: 1e-5,
             rope_style: crate::backend::RopeStyle::Pairs,
+            weight_dtype: crate::model::WeightDtype::F32,
         }
     );
 }
