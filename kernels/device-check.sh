@@ -1,39 +1,100 @@
 #!/usr/bin/env bash
-# Runs the kernel tests on a machine with an NVIDIA GPU: compiles every kernel with NVRTC for
-# the GPU's architecture, launches each on random input and compares it with its CPU
-# reference (the #[ignore]d tests in kernels/tests/device.rs), plus the CPU-only tests.
+# The GPU check of the CUDA backend, in one script:
+#   1. every kernel against its CPU reference on random input (kernels/tests/device.rs);
+#   2. every backend op against the CPU backend, and greedy decoding of synthetic models on
+#      both backends, token for token (engine/tests/cuda.rs);
+#   3. the benchmarks of docs/benchmarks.md: copy bandwidth, paged decode attention at
+#      Llama-3-8B shapes, batch-1 decode of synthetic:llama-3-8b (engine/tests/cuda.rs,
+#      device_benchmarks), written as Markdown to $OUT/device-check.md when OUT is set.
 #
-# Needs: the NVIDIA driver (libcuda.so), NVRTC (Debian 12: kernels/install-nvrtc.sh; a CUDA
-# 12 toolkit's libnvrtc.so works too) and a Rust toolchain. Run from anywhere in the repo.
+# Usage (from anywhere in the repository):
+#   kernels/device-check.sh build [DIR]   build the test binaries here (needs cargo and the
+#                                         crates) into DIR (default target-device/), stripped
+#   kernels/device-check.sh run [DIR]     run the binaries in DIR on the GPU machine
+#   kernels/device-check.sh               build, then run (a GPU machine with cargo)
+#
+# A GPU machine without network access: run `build` here, then carry target-device/ there
+# (the library's `run` tool: carry ["target-device"]) and call `run`.
+#
+# Needs on the GPU machine: the NVIDIA driver (libcuda.so.1), cuBLAS (libcublas.so.12) and
+# NVRTC (a CUDA 12 toolkit's libnvrtc.so, or Debian's, see kernels/install-nvrtc.sh).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
-export BALLAST_REQUIRE_NVRTC=1
+mode=${1:-all}
+dir=${2:-target-device}
 
-if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
-else
-    echo "device-check: nvidia-smi not found; the device tests will fail if no GPU is usable" >&2
-fi
+build() {
+    mkdir -p "$dir"
+    local list
+    list=$(mktemp)
+    # Release test binaries: the kernel device tests and the engine's CUDA tests.
+    if ! cargo test --release -p ballast-kernels --test device --no-run --message-format=json >"$list" ||
+        ! cargo test --release -p ballast-engine --test cuda --no-run --message-format=json >>"$list"; then
+        echo "device-check: FAILED to build" >&2
+        return 1
+    fi
+    for name in device cuda; do
+        local exe
+        exe=$(grep -o "\"executable\":\"[^\"]*/deps/${name}-[^\"]*\"" "$list" | tail -1 | cut -d'"' -f4)
+        if [ -z "$exe" ]; then
+            echo "device-check: no test binary named $name in cargo's output" >&2
+            return 1
+        fi
+        cp "$exe" "$dir/$name"
+        strip "$dir/$name" 2>/dev/null || true
+    done
+    rm -f "$list"
+    du -ch "$dir"/device "$dir"/cuda | sed 's/^/  /'
+}
 
-start=$(date +%s)
-if ! cargo build -p ballast-kernels --release --tests; then
-    echo "device-check: FAILED to build" >&2
-    exit 1
-fi
-log=$(mktemp)
-cargo test -p ballast-kernels --release -- --include-ignored 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
-end=$(date +%s)
+run() {
+    for name in device cuda; do
+        if [ ! -x "$dir/$name" ]; then
+            echo "device-check: $dir/$name is missing; run '$0 build $dir' first" >&2
+            return 1
+        fi
+    done
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
+    else
+        echo "device-check: nvidia-smi not found; the tests will fail if no GPU is usable" >&2
+    fi
+    for lib in libcuda.so.1 libcublas.so libnvrtc.so; do
+        ldconfig -p 2>/dev/null | grep -q "$lib" || echo "device-check: $lib not in the linker cache (set LD_LIBRARY_PATH if it is elsewhere)" >&2
+    done
+    export BALLAST_REQUIRE_NVRTC=1
+    local out=${OUT:-$dir}
+    mkdir -p "$out"
+    local log="$out/device-check.log"
+    local status=0
+    local start
+    start=$(date +%s)
+    echo "=== kernels against their CPU references ===" | tee "$log"
+    "$dir/device" --include-ignored --test-threads=1 2>&1 | tee -a "$log" || status=1
+    echo "=== CUDA backend against the CPU backend ===" | tee -a "$log"
+    "$dir/cuda" --include-ignored --test-threads=1 --skip device_benchmarks 2>&1 | tee -a "$log" || status=1
+    echo "=== benchmarks ===" | tee -a "$log"
+    BALLAST_BENCH_OUT="$out/device-check.md" \
+        "$dir/cuda" --ignored --exact device_benchmarks --nocapture 2>&1 | tee -a "$log" || status=1
+    echo
+    echo "=== device-check summary ($(($(date +%s) - start)) s) ==="
+    grep -E '^test .* \.\.\. (ok|FAILED|ignored)' "$log" | sed 's/^test /  /'
+    grep -E '^test result:' "$log" | sed 's/^/  /'
+    if [ "$status" -eq 0 ]; then
+        echo "device-check: PASSED"
+    else
+        echo "device-check: FAILED"
+    fi
+    return "$status"
+}
 
-echo
-echo "=== device-check summary ($((end - start)) s) ==="
-grep -E '^test .* \.\.\. (ok|FAILED|ignored)' "$log" | sed 's/^test /  /'
-grep -E '^test result:' "$log" | sed 's/^/  /'
-rm -f "$log"
-if [ "$status" -eq 0 ]; then
-    echo "device-check: PASSED"
-else
-    echo "device-check: FAILED (exit $status)"
-fi
-exit "$status"
+case "$mode" in
+build) build ;;
+run) run ;;
+all) build && run ;;
+*)
+    echo "usage: $0 [build|run] [DIR]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,496 @@
+//! The CUDA backend against the CPU backend (the reference): every op on the same inputs, and
+//! greedy decoding of synthetic models, token for token.
+//!
+//! All `#[ignore]`d: they need an NVIDIA GPU, its driver, NVRTC and cuBLAS. Run them with
+//! `kernels/device-check.sh`. They have been compiled on machines without a GPU and have not
+//! run yet.
+
+use ballast_engine::backend::cpu::CpuBackend;
+use ballast_engine::backend::cuda::CudaBackend;
+use ballast_engine::backend::{Backend, HostWeight, KvLayout, RopeStyle, SeqSlice, StepMetadata};
+use ballast_engine::model::{LlamaModel, ModelSpec, WeightDtype};
+use ballast_engine::sampling::{SampleSpec, SamplingSlot};
+use ballast_rng::SplitMix64;
+
+const BLOCK: u32 = 16;
+
+fn gpu() -> CudaBackend {
+    CudaBackend::new(0).unwrap_or_else(|e| panic!("CUDA backend on GPU 0: {e}"))
+}
+
+fn random(n: usize, rng: &mut SplitMix64) -> Vec<f32> {
+    (0..n).map(|_| rng.next_f32() * 2.0 - 1.0).collect()
+}
+
+/// Largest |a − b| / (1 + |b|).
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0, f32::max)
+}
+
+/// A step of `seqs` sequences, each `(context, new)` tokens, on disjoint runs of blocks;
+/// every sequence samples from its last row.
+fn step_meta(seqs: &[(u32, u32)], rng: &mut SplitMix64, vocab: u32) -> StepMetadata {
+    let mut meta = StepMetadata {
+        block_size: BLOCK,
+        ..StepMetadata::default()
+    };
+    let mut next_block = 0u32;
+    for &(context, new) in seqs {
+        let total = context + new;
+        let blocks = total.div_ceil(BLOCK);
+        let first = next_block;
+        next_block += blocks;
+        let query_start = meta.token_ids.len() as u32;
+        for pos in context..total {
+            meta.token_ids.push(rng.below(u64::from(vocab)) as u32);
+            meta.positions.push(pos);
+            meta.slot_mapping
+                .push((first + pos / BLOCK) * BLOCK + pos % BLOCK);
+        }
+        meta.seqs.push(SeqSlice {
+            query_start,
+            query_len: new,
+            context_len: context,
+            block_table_start: meta.block_tables.len() as u32,
+            block_table_len: blocks,
+        });
+        meta.block_tables.extend(first..first + blocks);
+        meta.logits_rows.push(query_start + new - 1);
+    }
+    meta
+}
+
+/// Runs the same ops on both backends and compares each result.
+fn compare_ops(spec: &ModelSpec, meta: &StepMetadata, dtype: WeightDtype) {
+    let gpu = gpu();
+    let cpu = CpuBackend;
+    let mut rng = SplitMix64::new(9);
+    let t = meta.num_tokens();
+    let (h, q_size, kv_size) = (spec.hidden_size, spec.q_size(), spec.kv_size());
+    let weight = |rows: usize, cols: usize, rng: &mut SplitMix64| {
+        let w = HostWeight::F32 {
+            data: random(rows * cols, rng).into(),
+            rows,
+            cols,
+        };
+        match dtype {
+            WeightDtype::F32 => w,
+            WeightDtype::Bf16 => w.to_bf16(),
+        }
+    };
+    let check = |what: &str, g: Vec<f32>, c: Vec<f32>, tol: f32| {
+        let d = max_rel_diff(&g, &c);
+        eprintln!("{what}: max relative difference {d:.2e}");
+        assert!(
+            d <= tol,
+            "{what}: GPU and CPU differ by {d:e} (tolerance {tol:e})"
+        );
+    };
+
+    let table = weight(spec.vocab_size, h, &mut rng);
+    let (gt, ct) = (gpu.upload_weight(table.clone()), cpu.upload_weight(table));
+    let (gm, cm) = (gpu.prepare_step(meta), cpu.prepare_step(meta));
+    let (gx, cx) = (gpu.embedding(&gt, &gm), cpu.embedding(&ct, &cm));
+    check("embedding", gpu.download(&gx), cpu.download(&cx), 0.0);
+
+    let norm = random(h, &mut rng);
+    let (gn, cn) = (gpu.upload(&norm, 1, h), cpu.upload(&norm, 1, h));
+    let (gh, ch) = (
+        gpu.rms_norm(&gx, &gn, spec.rms_norm_eps),
+        cpu.rms_norm(&cx, &cn, spec.rms_norm_eps),
+    );
+    check("rms_norm", gpu.download(&gh), cpu.download(&ch), 1e-5);
+
+    let wq = weight(q_size, h, &mut rng);
+    let (gwq, cwq) = (gpu.upload_weight(wq.clone()), cpu.upload_weight(wq));
+    let (mut gq, mut cq) = (gpu.matmul(&gh, &gwq), cpu.matmul(&ch, &cwq));
+    check("matmul", gpu.download(&gq), cpu.download(&cq), 1e-4);
+
+    let half = spec.head_dim / 2;
+    let cos = random(spec.max_model_len * half, &mut rng);
+    let sin = random(spec.max_model_len * half, &mut rng);
+    let (gcos, gsin) = (
+        gpu.upload(&cos, spec.max_model_len, half),
+        gpu.upload(&sin, spec.max_model_len, half),
+    );
+    let (ccos, csin) = (
+        cpu.upload(&cos, spec.max_model_len, half),
+        cpu.upload(&sin, spec.max_model_len, half),
+    );
+    for style in [RopeStyle::Halves, RopeStyle::Pairs] {
+        let (mut a, mut b) = (
+            gpu.upload(&gpu.download(&gq), t, q_size),
+            cpu.upload(&cpu.download(&cq), t, q_size),
+        );
+        gpu.rope(&mut a, &gcos, &gsin, &gm, spec.num_heads, style);
+        cpu.rope(&mut b, &ccos, &csin, &cm, spec.num_heads, style);
+        check(
+            &format!("rope {style:?}"),
+            gpu.download(&a),
+            cpu.download(&b),
+            1e-4,
+        );
+    }
+    gpu.rope(&mut gq, &gcos, &gsin, &gm, spec.num_heads, spec.rope_style);
+    cpu.rope(&mut cq, &ccos, &csin, &cm, spec.num_heads, spec.rope_style);
+
+    // A cache holding random context for every sequence, then this step's K/V.
+    let blocks = meta.block_tables.iter().max().map_or(1, |b| b + 1) as usize;
+    let layout = KvLayout {
+        num_layers: 1,
+        num_blocks: blocks,
+        block_size: BLOCK as usize,
+        num_kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
+    };
+    let (mut gc, mut cc) = (gpu.alloc_kv_cache(layout), cpu.alloc_kv_cache(layout));
+    let mut fill = StepMetadata {
+        block_size: BLOCK,
+        ..StepMetadata::default()
+    };
+    fill.slot_mapping = (0..(blocks as u32 * BLOCK)).collect();
+    let slots = fill.slot_mapping.len();
+    let (gf, cf) = (gpu.prepare_step(&fill), cpu.prepare_step(&fill));
+    let ctx_k = random(slots * kv_size, &mut rng);
+    let ctx_v = random(slots * kv_size, &mut rng);
+    gpu.write_kv(
+        &mut gc,
+        0,
+        &gpu.upload(&ctx_k, slots, kv_size),
+        &gpu.upload(&ctx_v, slots, kv_size),
+        &gf,
+    );
+    cpu.write_kv(
+        &mut cc,
+        0,
+        &cpu.upload(&ctx_k, slots, kv_size),
+        &cpu.upload(&ctx_v, slots, kv_size),
+        &cf,
+    );
+    let k = random(t * kv_size, &mut rng);
+    let v = random(t * kv_size, &mut rng);
+    gpu.write_kv(
+        &mut gc,
+        0,
+        &gpu.upload(&k, t, kv_size),
+        &gpu.upload(&v, t, kv_size),
+        &gm,
+    );
+    cpu.write_kv(
+        &mut cc,
+        0,
+        &cpu.upload(&k, t, kv_size),
+        &cpu.upload(&v, t, kv_size),
+        &cm,
+    );
+    let (ga, ca) = (
+        gpu.paged_attention(&gq, &gc, 0, &gm, spec.num_heads),
+        cpu.paged_attention(&cq, &cc, 0, &cm, spec.num_heads),
+    );
+    let (ga, ca) = (gpu.download(&ga), cpu.download(&ca));
+    if meta.seqs.iter().all(|s| s.query_len == 1) {
+        check("paged_attention (decode)", ga, ca, 2e-4);
+    } else {
+        check("paged_attention (prefill)", ga, ca, 2e-4);
+    }
+
+    let up = random(t * h, &mut rng);
+    let (gu, cu) = (gpu.upload(&up, t, h), cpu.upload(&up, t, h));
+    let (gs, cs) = (gpu.silu_mul(&gh, &gu), cpu.silu_mul(&ch, &cu));
+    check("silu_mul", gpu.download(&gs), cpu.download(&cs), 1e-5);
+    let (mut gx2, mut cx2) = (gpu.upload(&gpu.download(&gx), t, h), cx);
+    gpu.add_assign(&mut gx2, &gs);
+    cpu.add_assign(&mut cx2, &cs);
+    check("add_assign", gpu.download(&gx2), cpu.download(&cx2), 1e-5);
+
+    let (gl, cl) = (
+        gpu.gather_logits_rows(&gx2, &gm),
+        cpu.gather_logits_rows(&cx2, &cm),
+    );
+    check(
+        "gather_logits_rows",
+        gpu.download(&gl),
+        cpu.download(&cl),
+        1e-5,
+    );
+
+    let greedy = || SamplingSlot {
+        spec: SampleSpec {
+            temperature: 0.0,
+            ..SampleSpec::default()
+        },
+        rng: SplitMix64::new(1),
+        suppress: None,
+    };
+    let mut slots: Vec<SamplingSlot> = (0..meta.logits_rows.len()).map(|_| greedy()).collect();
+    let gt = gpu.sample(&gl, &mut slots.clone());
+    let ct = cpu.sample(&cl, &mut slots);
+    assert_eq!(gt, ct, "argmax of the gathered rows");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run kernels/device-check.sh"]
+fn every_op_matches_the_cpu_backend() {
+    let mut rng = SplitMix64::new(3);
+    for (name, dtype) in [("small", WeightDtype::F32), ("small", WeightDtype::Bf16)] {
+        let spec = ModelSpec::synthetic(name).unwrap();
+        let vocab = spec.vocab_size as u32;
+        // A mixed step (prefill chunks on top of context, and a decode), then pure decode
+        // steps, one with a context long enough for the split kernel.
+        let steps = [
+            vec![(0, 37), (100, 20), (5, 1)],
+            vec![(40, 1), (900, 1), (3, 1)],
+            vec![(2500, 1)],
+        ];
+        for seqs in steps {
+            eprintln!("{name} {dtype:?}, sequences (context, new) {seqs:?}");
+            let meta = step_meta(&seqs, &mut rng, vocab);
+            compare_ops(&spec, &meta, dtype);
+        }
+    }
+}
+
+/// Greedy continuation of every prompt for `steps` tokens, the prompts prefilled together in
+/// one step and then decoded together, each on its own blocks.
+fn greedy<B: Backend>(model: &LlamaModel<B>, prompts: &[Vec<u32>], steps: usize) -> Vec<Vec<u32>> {
+    let longest = prompts.iter().map(Vec::len).max().unwrap() + steps;
+    let per_seq = longest.div_ceil(BLOCK as usize) as u32;
+    let mut cache = model
+        .backend
+        .alloc_kv_cache(model.kv_layout(per_seq as usize * prompts.len(), BLOCK as usize));
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut lens: Vec<u32> = vec![0; prompts.len()];
+    for step in 0..steps {
+        let mut meta = StepMetadata {
+            block_size: BLOCK,
+            ..StepMetadata::default()
+        };
+        for (i, prompt) in prompts.iter().enumerate() {
+            let new: Vec<u32> = if step == 0 {
+                prompt.clone()
+            } else {
+                vec![*out[i].last().unwrap()]
+            };
+            let context = lens[i];
+            let first = i as u32 * per_seq;
+            let query_start = meta.token_ids.len() as u32;
+            for (j, &tok) in new.iter().enumerate() {
+                let pos = context + j as u32;
+                meta.token_ids.push(tok);
+                meta.positions.push(pos);
+                meta.slot_mapping
+                    .push((first + pos / BLOCK) * BLOCK + pos % BLOCK);
+            }
+            let total = context + new.len() as u32;
+            meta.seqs.push(SeqSlice {
+                query_start,
+                query_len: new.len() as u32,
+                context_len: context,
+                block_table_start: meta.block_tables.len() as u32,
+                block_table_len: total.div_ceil(BLOCK),
+            });
+            meta.block_tables
+                .extend(first..first + total.div_ceil(BLOCK));
+            meta.logits_rows.push(query_start + new.len() as u32 - 1);
+            lens[i] = total;
+        }
+        let logits = model.forward(&mut cache, &meta);
+        let mut slots: Vec<SamplingSlot> = prompts
+            .iter()
+            .map(|_| SamplingSlot {
+                spec: SampleSpec {
+                    temperature: 0.0,
+                    ..SampleSpec::default()
+                },
+                rng: SplitMix64::new(0),
+                suppress: None,
+            })
+            .collect();
+        for (seq, tok) in model
+            .backend
+            .sample(&logits, &mut slots)
+            .into_iter()
+            .enumerate()
+        {
+            out[seq].push(tok);
+        }
+    }
+    out
+}
+
+fn prompts(vocab: u32) -> Vec<Vec<u32>> {
+    let mut rng = SplitMix64::new(17);
+    // Five prompts, one long enough that decode attention splits its context.
+    [12usize, 1, 57, 300, 700]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.below(u64::from(vocab)) as u32).collect())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run kernels/device-check.sh"]
+fn greedy_tokens_are_identical_on_both_backends() {
+    let gpu = gpu();
+    for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+        let mut spec = ModelSpec::synthetic("small").unwrap();
+        spec.weight_dtype = dtype;
+        let prompts = prompts(spec.vocab_size as u32);
+        let on_cpu = greedy(
+            &LlamaModel::synthetic(spec.clone(), CpuBackend, 5),
+            &prompts,
+            32,
+        );
+        let on_gpu = greedy(&LlamaModel::synthetic(spec, gpu.clone(), 5), &prompts, 32);
+        let same = on_cpu.iter().zip(&on_gpu).filter(|(a, b)| a == b).count();
+        eprintln!(
+            "{dtype:?}: {same} of {} prompts identical for 32 tokens",
+            prompts.len()
+        );
+        for (i, (c, g)) in on_cpu.iter().zip(&on_gpu).enumerate() {
+            assert_eq!(c, g, "{dtype:?} prompt {i}: CPU and GPU tokens differ");
+        }
+    }
+}
+
+/// Seconds per call of `f`, after two warm-up calls, over enough calls to fill ~0.3 s.
+fn time_per_call(gpu: &CudaBackend, mut f: impl FnMut()) -> f64 {
+    f();
+    f();
+    gpu.synchronize();
+    let mut calls = 1usize;
+    loop {
+        let started = std::time::Instant::now();
+        for _ in 0..calls {
+            f();
+        }
+        gpu.synchronize();
+        let t = started.elapsed().as_secs_f64();
+        if t >= 0.3 || calls >= 1 << 16 {
+            return t / calls as f64;
+        }
+        calls *= 4;
+    }
+}
+
+/// Device-to-device copy bandwidth in bytes per second (bytes read plus bytes written).
+fn copy_bandwidth(gpu: &CudaBackend) -> f64 {
+    let n = 512 << 20; // 2 GiB of f32 per buffer
+    let src = gpu.stream().alloc_zeros::<f32>(n).expect("2 GiB source");
+    let mut dst = gpu
+        .stream()
+        .alloc_zeros::<f32>(n)
+        .expect("2 GiB destination");
+    let t = time_per_call(gpu, || {
+        gpu.stream().memcpy_dtod(&src, &mut dst).expect("copy");
+    });
+    2.0 * (n * 4) as f64 / t
+}
+
+/// The GPU figures of docs/benchmarks.md, printed as Markdown (and written to
+/// `$BALLAST_BENCH_OUT` when set): copy bandwidth, paged decode attention at Llama-3-8B
+/// shapes, and batch-1 decode of synthetic:llama-3-8b against its weight-read roofline.
+#[test]
+#[ignore = "needs an NVIDIA GPU (~140 GB for the largest shapes): run kernels/device-check.sh"]
+fn device_benchmarks() {
+    use std::fmt::Write;
+    let gpu = gpu();
+    let mut report = String::new();
+    let copy = copy_bandwidth(&gpu);
+    writeln!(
+        report,
+        "## {} ({})\n\nDevice-to-device copy: {:.0} GB/s (read + write)\n",
+        gpu.device_name(),
+        gpu.arch(),
+        copy / 1e9
+    )
+    .unwrap();
+    eprint!("{report}");
+
+    // Paged decode attention, one layer of Llama-3-8B (32 query heads, 8 kv heads, d 128).
+    let spec = ModelSpec::synthetic("llama-3-8b").unwrap();
+    let (heads, kvh, d) = (spec.num_heads, spec.num_kv_heads, spec.head_dim);
+    writeln!(
+        report,
+        "| batch | context | attention µs | KV read GB/s | of copy bandwidth |\n|---|---|---|---|---|"
+    )
+    .unwrap();
+    let mut rng = SplitMix64::new(1);
+    for batch in [1usize, 8, 32, 64] {
+        for context in [1024u32, 4096, 16_384, 32_768] {
+            let seqs: Vec<(u32, u32)> = vec![(context - 1, 1); batch];
+            let meta = step_meta(&seqs, &mut rng, 2);
+            let blocks = meta.block_tables.len();
+            let cache = gpu.alloc_kv_cache(KvLayout {
+                num_layers: 1,
+                num_blocks: blocks,
+                block_size: BLOCK as usize,
+                num_kv_heads: kvh,
+                head_dim: d,
+            });
+            let q = gpu.upload(&random(batch * heads * d, &mut rng), batch, heads * d);
+            let m = gpu.prepare_step(&meta);
+            let t = time_per_call(&gpu, || {
+                let _ = gpu.paged_attention(&q, &cache, 0, &m, heads);
+            });
+            let bytes = (batch * context as usize * kvh * d * 4 * 2) as f64;
+            let line = format!(
+                "| {batch} | {context} | {:.1} | {:.0} | {:.0} % |",
+                t * 1e6,
+                bytes / t / 1e9,
+                100.0 * bytes / t / copy
+            );
+            eprintln!("{line}");
+            writeln!(report, "{line}").unwrap();
+        }
+    }
+
+    // Batch-1 decode of synthetic:llama-3-8b (bf16 weights).
+    let started = std::time::Instant::now();
+    let model = LlamaModel::synthetic(spec.clone(), gpu.clone(), 0);
+    gpu.synchronize();
+    eprintln!("synthetic:llama-3-8b built in {:.1?}", started.elapsed());
+    let prompt: Vec<u32> = (0..128).map(|i| (i * 7919) % 128_000).collect();
+    let steps = 128;
+    let mut cache = model.backend.alloc_kv_cache(model.kv_layout(
+        (prompt.len() + steps + 2).div_ceil(BLOCK as usize),
+        BLOCK as usize,
+    ));
+    let n = prompt.len() as u32;
+    let prefill = StepMetadata::single_sequence(&prompt, 0, BLOCK, vec![n - 1]);
+    let greedy = || SamplingSlot {
+        spec: SampleSpec {
+            temperature: 0.0,
+            ..SampleSpec::default()
+        },
+        rng: SplitMix64::new(0),
+        suppress: None,
+    };
+    let logits = model.forward(&mut cache, &prefill);
+    let mut token = model.backend.sample(&logits, &mut [greedy()])[0];
+    let started = std::time::Instant::now();
+    for pos in n..n + steps as u32 {
+        let meta = StepMetadata::single_sequence(&[token], pos, BLOCK, vec![0]);
+        let logits = model.forward(&mut cache, &meta);
+        token = model.backend.sample(&logits, &mut [greedy()])[0];
+    }
+    let tok_s = steps as f64 / started.elapsed().as_secs_f64();
+    // A decode step reads every weight matrix once (the embedding table only by row).
+    let weight_bytes = 2 * (spec.num_params() - spec.vocab_size * spec.hidden_size);
+    let roofline = copy / weight_bytes as f64;
+    let line = format!(
+        "\nsynthetic:llama-3-8b bf16, batch 1, 128-token prompt, {steps} decode steps: \
+         {tok_s:.1} tok/s; weight-read roofline at the copy bandwidth {roofline:.0} tok/s \
+         ({:.0} % of it)",
+        100.0 * tok_s / roofline
+    );
+    eprintln!("{line}");
+    writeln!(report, "{line}").unwrap();
+    println!("{report}");
+    if let Some(path) = std::env::var_os("BALLAST_BENCH_OUT") {
+        std::fs::write(&path, &report).expect("write the report");
+    }
+}
