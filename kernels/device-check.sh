@@ -45,7 +45,16 @@ build() {
         strip "$dir/$name" 2>/dev/null || true
     done
     rm -f "$list"
-    du -ch "$dir"/device "$dir"/cuda | sed 's/^/  /'
+    # The GPU machine may have no NVRTC: carry this machine's (Debian's CUDA 11.8 NVRTC, about
+    # 62 MB with its builtins; `run` uses it only where the system has none).
+    mkdir -p "$dir/lib"
+    for lib in libnvrtc.so libnvrtc-builtins.so.11.8; do
+        local found
+        found=$(ldconfig -p 2>/dev/null | grep -o "/[^ ]*/$lib\$" | head -1)
+        [ -n "$found" ] && cp -L "$found" "$dir/lib/$lib"
+    done
+    du -ch "$dir"/device "$dir"/cuda "$dir"/lib/* 2>/dev/null | sed 's/^/  /'
+    echo "  (the run tool carries at most 64 MiB)"
 }
 
 run() {
@@ -60,7 +69,11 @@ run() {
     else
         echo "device-check: nvidia-smi not found; the tests will fail if no GPU is usable" >&2
     fi
-    for lib in libcuda.so.1 libcublas.so libnvrtc.so; do
+    if ! ldconfig -p 2>/dev/null | grep -q libnvrtc.so && [ -e "$dir/lib/libnvrtc.so" ]; then
+        echo "device-check: no system NVRTC; using the carried $dir/lib/libnvrtc.so" >&2
+        export LD_LIBRARY_PATH="$PWD/$dir/lib:${LD_LIBRARY_PATH:-}"
+    fi
+    for lib in libcuda.so.1 libcublas.so; do
         ldconfig -p 2>/dev/null | grep -q "$lib" || echo "device-check: $lib not in the linker cache (set LD_LIBRARY_PATH if it is elsewhere)" >&2
     done
     export BALLAST_REQUIRE_NVRTC=1
