@@ -151,7 +151,7 @@ struct Stats {
 impl Stats {
     fn new(config: &EngineConfig, t0: Instant) -> Self {
         let metrics = Arc::new(EngineMetrics::new(&MetricsConfig::for_engine(config)));
-        let board = ControlBoard::new(config.data_parallel_size);
+        let board = ControlBoard::new(config.data_parallel_size, config.scheduler.num_blocks);
         Self {
             loggers: engine_loggers(config, &metrics, &board, t0),
             timelines: Vec::new(),

@@ -187,7 +187,7 @@ impl Engine {
         drop(out_tx);
         let ranks = RankHandles::new(inboxes, group);
         let st = &config.stats;
-        let board = ControlBoard::new(n);
+        let board = ControlBoard::new(n, config.scheduler.num_blocks);
         let loggers = crate::stats::engine_loggers(&config, &metrics, &board, Instant::now());
         let spans = st.otlp_traces_endpoint.as_deref().and_then(|url| {
             match SpanExporter::new(url, "ballast-engine") {

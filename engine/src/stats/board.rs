@@ -22,10 +22,14 @@ pub struct ControlBoard {
 }
 
 impl ControlBoard {
-    /// A board for `num_ranks` ranks.
-    pub fn new(num_ranks: usize) -> Arc<Self> {
+    /// A board for `num_ranks` idle ranks of `kv_blocks` blocks each: what an engine that
+    /// has not finished a step yet truthfully is (the control API may be asked before then).
+    pub fn new(num_ranks: usize, kv_blocks: usize) -> Arc<Self> {
+        let mut idle = RankState::default();
+        idle.snapshot.kv_blocks.total = kv_blocks;
+        idle.snapshot.kv_blocks.available = kv_blocks;
         Arc::new(Self {
-            ranks: Mutex::new(vec![RankState::default(); num_ranks]),
+            ranks: Mutex::new(vec![idle; num_ranks]),
         })
     }
 
@@ -44,5 +48,23 @@ impl StatLogger for BoardLogger {
         let r = &mut ranks[s.rank];
         r.snapshot = *s.snapshot;
         r.tokens_scheduled += s.counters.scheduled_tokens as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_board_shows_idle_ranks_with_their_whole_pool() {
+        let board = ControlBoard::new(3, 40);
+        let ranks = board.ranks();
+        assert_eq!(ranks.len(), 3);
+        for r in ranks {
+            assert_eq!(r.snapshot.running, 0);
+            assert_eq!(r.snapshot.kv_blocks.total, 40);
+            assert_eq!(r.snapshot.kv_blocks.available, 40);
+            assert_eq!(r.snapshot.kv_blocks.used, 0);
+        }
     }
 }
