@@ -339,6 +339,82 @@ impl CudaBackend {
         out
     }
 
+    /// `x · wᵀ`; a bf16 weight multiplies `x_bf16` when given (x already rounded, shared by
+    /// several products of the same x), else rounds x itself.
+    fn gemm(&self, x: &CudaTensor, x_bf16: Option<&CudaSlice<u16>>, w: &CudaWeight) -> CudaTensor {
+        let (m, k) = (x.rows, x.cols);
+        let (n, wk) = w.shape();
+        assert_eq!(k, wk, "matmul: x has {k} columns, the weight {wk}");
+        let mut out = self.tensor(m, n);
+        if m == 0 || n == 0 {
+            return out;
+        }
+        // Row-major out[m, n] = x[m, k] · w[n, k]ᵀ is column-major outᵀ[n, m] = wᵀᵀ · xᵀ:
+        // cuBLAS sees w as a column-major [k, n] matrix (transposed) and x as [k, m].
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let op_t = blas_sys::cublasOperation_t::CUBLAS_OP_T;
+        let op_n = blas_sys::cublasOperation_t::CUBLAS_OP_N;
+        let done = match w {
+            CudaWeight::F32 { buf, .. } => {
+                let cfg = GemmConfig {
+                    transa: op_t,
+                    transb: op_n,
+                    m: ni,
+                    n: mi,
+                    k: ki,
+                    alpha: 1.0f32,
+                    lda: ki,
+                    ldb: ki,
+                    beta: 0.0f32,
+                    ldc: ni,
+                };
+                // SAFETY: shapes checked above; every buffer holds what cfg says.
+                unsafe { self.inner.blas.gemm(cfg, buf, &x.buf, &mut out.buf) }
+            }
+            CudaWeight::Bf16 { buf, .. } => {
+                let rounded;
+                let xb = match x_bf16 {
+                    Some(xb) => xb,
+                    None => {
+                        rounded = self.round_bf16(x);
+                        &rounded
+                    }
+                };
+                let s = &self.inner.stream;
+                let (alpha, beta) = (1.0f32, 0.0f32);
+                let (a, _ra) = buf.device_ptr(s);
+                let (b, _rb) = xb.device_ptr(s);
+                let (c, _rc) = out.buf.device_ptr_mut(s);
+                // SAFETY: as above; bf16 inputs, f32 output and accumulation.
+                unsafe {
+                    blas::gemm_ex(
+                        *self.inner.blas.handle(),
+                        op_t,
+                        op_n,
+                        ni,
+                        mi,
+                        ki,
+                        (&alpha) as *const f32 as *const c_void,
+                        a as *const c_void,
+                        blas_sys::cudaDataType_t::CUDA_R_16BF,
+                        ki,
+                        b as *const c_void,
+                        blas_sys::cudaDataType_t::CUDA_R_16BF,
+                        ki,
+                        (&beta) as *const f32 as *const c_void,
+                        c as *mut c_void,
+                        blas_sys::cudaDataType_t::CUDA_R_32F,
+                        ni,
+                        blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+            }
+        };
+        done.unwrap_or_else(|e| panic!("cuBLAS GEMM [{m}, {k}] x [{n}, {k}]: {e}"));
+        out
+    }
+
     /// Paged decode attention: one block per (kv head, sequence, split).
     fn decode_attention(
         &self,
@@ -662,70 +738,14 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
-        let (m, k) = (x.rows, x.cols);
-        let (n, wk) = w.shape();
-        assert_eq!(k, wk, "matmul: x has {k} columns, the weight {wk}");
-        let mut out = self.tensor(m, n);
-        if m == 0 || n == 0 {
-            return out;
-        }
-        // Row-major out[m, n] = x[m, k] · w[n, k]ᵀ is column-major outᵀ[n, m] = wᵀᵀ · xᵀ:
-        // cuBLAS sees w as a column-major [k, n] matrix (transposed) and x as [k, m].
-        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        let op_t = blas_sys::cublasOperation_t::CUBLAS_OP_T;
-        let op_n = blas_sys::cublasOperation_t::CUBLAS_OP_N;
-        let done = match w {
-            CudaWeight::F32 { buf, .. } => {
-                let cfg = GemmConfig {
-                    transa: op_t,
-                    transb: op_n,
-                    m: ni,
-                    n: mi,
-                    k: ki,
-                    alpha: 1.0f32,
-                    lda: ki,
-                    ldb: ki,
-                    beta: 0.0f32,
-                    ldc: ni,
-                };
-                // SAFETY: shapes checked above; every buffer holds what cfg says.
-                unsafe { self.inner.blas.gemm(cfg, buf, &x.buf, &mut out.buf) }
-            }
-            CudaWeight::Bf16 { buf, .. } => {
-                let xb = self.round_bf16(x);
-                let s = &self.inner.stream;
-                let (alpha, beta) = (1.0f32, 0.0f32);
-                let (a, _ra) = buf.device_ptr(s);
-                let (b, _rb) = xb.device_ptr(s);
-                let (c, _rc) = out.buf.device_ptr_mut(s);
-                // SAFETY: as above; bf16 inputs, f32 output and accumulation.
-                unsafe {
-                    blas::gemm_ex(
-                        *self.inner.blas.handle(),
-                        op_t,
-                        op_n,
-                        ni,
-                        mi,
-                        ki,
-                        (&alpha) as *const f32 as *const c_void,
-                        a as *const c_void,
-                        blas_sys::cudaDataType_t::CUDA_R_16BF,
-                        ki,
-                        b as *const c_void,
-                        blas_sys::cudaDataType_t::CUDA_R_16BF,
-                        ki,
-                        (&beta) as *const f32 as *const c_void,
-                        c as *mut c_void,
-                        blas_sys::cudaDataType_t::CUDA_R_32F,
-                        ni,
-                        blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                    )
-                }
-            }
-        };
-        done.unwrap_or_else(|e| panic!("cuBLAS GEMM [{m}, {k}] x [{n}, {k}]: {e}"));
-        out
+        self.gemm(x, None, w)
+    }
+
+    fn matmul_n<const N: usize>(&self, x: &CudaTensor, ws: [&CudaWeight; N]) -> [CudaTensor; N] {
+        // Round x to bf16 once for all the bf16 products (Q/K/V, gate/up).
+        let any_bf16 = ws.iter().any(|w| matches!(w, CudaWeight::Bf16 { .. }));
+        let xb = (any_bf16 && x.rows > 0).then(|| self.round_bf16(x));
+        ws.map(|w| self.gemm(x, xb.as_ref(), w))
     }
 
     fn rms_norm(&self, x: &CudaTensor, weight: &CudaTensor, eps: f32) -> CudaTensor {
