@@ -13,7 +13,9 @@
 // taken KV_TILE at a time with an online softmax (running max m, running sum l).
 //
 // Dynamic shared memory, in floats (see ballast_kernels::attention_smem_bytes):
-//   q R*D | k KV_TILE*D | v KV_TILE*D | p R*KV_TILE | acc R*D | m R | l R | alpha R | lim R
+//   q R*D | k KV_TILE*(D+1) | v KV_TILE*D | p R*KV_TILE | acc R*D | m R | l R | alpha R | lim R
+// K rows are padded by one float: in the score loop the 32 lanes of a warp read 32 different
+// keys at the same x, and a stride of D (a multiple of 32) would put them all in one bank.
 // Above 48 KiB the launcher must raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
 // Blocks are a multiple of 32 threads (128 is a good default).
 
@@ -35,7 +37,7 @@ __device__ __forceinline__ AttnShared carve(float* smem, int rows, int d) {
     AttnShared s;
     s.q = smem;
     s.k = s.q + rows * d;
-    s.v = s.k + KV_TILE * d;
+    s.v = s.k + KV_TILE * (d + 1);
     s.p = s.v + KV_TILE * d;
     s.acc = s.p + rows * KV_TILE;
     s.m = s.acc + rows * d;
@@ -67,7 +69,7 @@ __device__ void attend(const AttnShared& sh, int rows, int d, const float* __res
             const int tok = t0 + j;
             const size_t slot = (size_t)table[tok / block_size] * block_size + tok % block_size;
             const size_t at = slot * token_stride + (size_t)kv_head * d + x;
-            sh.k[idx] = k_cache[at];
+            sh.k[j * (d + 1) + x] = k_cache[at];
             sh.v[idx] = v_cache[at];
         }
         __syncthreads();
@@ -77,7 +79,7 @@ __device__ void attend(const AttnShared& sh, int rows, int d, const float* __res
             float s = NEG_INF;
             if (j < n && t0 + j <= sh.lim[r]) {
                 const float* qr = sh.q + r * d;
-                const float* kj = sh.k + j * d;
+                const float* kj = sh.k + j * (d + 1);
                 float dot = 0.0f;
                 for (int x = 0; x < d; ++x) {
                     dot += qr[x] * kj[x];

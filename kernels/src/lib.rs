@@ -100,7 +100,8 @@ pub const ATTENTION_KV_TILE: usize = 32;
 /// 48 KiB the launcher must raise the function's maximum dynamic shared memory first.
 pub fn attention_smem_bytes(rows: usize, head_dim: usize) -> usize {
     let t = ATTENTION_KV_TILE;
-    4 * (2 * rows * head_dim + 2 * t * head_dim + rows * t + 4 * rows)
+    // K tile rows are padded by one float (no bank conflicts in the score loop).
+    4 * (2 * rows * head_dim + t * (head_dim + 1) + t * head_dim + rows * t + 4 * rows)
 }
 
 /// Why kernels could not be compiled. [`KernelError::label`] gives a stable short name.
