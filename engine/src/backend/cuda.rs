@@ -56,6 +56,18 @@ pub enum CudaError {
     /// The kernels could not be compiled.
     #[error(transparent)]
     Kernels(#[from] ballast_kernels::KernelError),
+    /// The driver refused NVRTC's PTX, typically because the NVRTC is newer than the driver.
+    #[error(
+        "the CUDA driver could not load the kernels' PTX for {arch} ({source}); an NVRTC newer \
+         than the driver emits PTX it cannot read: put an NVRTC no newer than the driver first \
+         on LD_LIBRARY_PATH (kernels/device-check.sh carries CUDA 11.8's)"
+    )]
+    LoadPtx {
+        /// The architecture compiled for.
+        arch: String,
+        /// The driver's error.
+        source: DriverError,
+    },
 }
 
 /// Whether the driver and cuBLAS libraries can be loaded (looked up by name; no context is
@@ -228,7 +240,13 @@ impl CudaBackend {
         let arch = format!("compute_{major}{minor}");
         let mut modules = HashMap::new();
         for m in ballast_kernels::compile_ptx(&arch)? {
-            modules.insert(m.file, ctx.load_module(Ptx::from_src(m.ptx))?);
+            let module =
+                ctx.load_module(Ptx::from_src(m.ptx))
+                    .map_err(|source| CudaError::LoadPtx {
+                        arch: arch.clone(),
+                        source,
+                    })?;
+            modules.insert(m.file, module);
         }
         let load = |name: &str| -> Result<CudaFunction, CudaError> {
             let kernel = ballast_kernels::KERNELS
@@ -351,6 +369,7 @@ impl CudaBackend {
         }
         // Row-major out[m, n] = x[m, k] · w[n, k]ᵀ is column-major outᵀ[n, m] = wᵀᵀ · xᵀ:
         // cuBLAS sees w as a column-major [k, n] matrix (transposed) and x as [k, m].
+        check("bind context", self.inner.stream.context().bind_to_thread());
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
         let op_t = blas_sys::cublasOperation_t::CUBLAS_OP_T;
         let op_n = blas_sys::cublasOperation_t::CUBLAS_OP_N;
@@ -709,6 +728,8 @@ impl Backend for CudaBackend {
         // A poisoned lock only means another rank's step panicked; the stream is still usable
         // for this one or will report its own error.
         let _turn = self.inner.step.lock().unwrap_or_else(|e| e.into_inner());
+        // cuBLAS calls do not make the context current themselves; rank threads enter here.
+        check("bind context", self.inner.stream.context().bind_to_thread());
         step()
     }
 
@@ -777,7 +798,15 @@ impl Backend for CudaBackend {
             return;
         }
         let positions = meta.view(&meta.positions);
-        let (h, d) = (num_heads as i32, (x.cols / num_heads) as i32);
+        let head_dim = x.cols / num_heads;
+        assert_eq!(
+            cos.cols,
+            head_dim / 2,
+            "rope: the tables have {} frequencies, heads of {head_dim} need {}",
+            cos.cols,
+            head_dim / 2
+        );
+        let (h, d) = (num_heads as i32, head_dim as i32);
         let style: i32 = match style {
             RopeStyle::Halves => 0,
             RopeStyle::Pairs => 1,
@@ -806,6 +835,11 @@ impl Backend for CudaBackend {
         if k.rows == 0 {
             return;
         }
+        assert_eq!(
+            k.cols,
+            cache.layout.token_stride(),
+            "write_kv: K row is not num_kv_heads * head_dim"
+        );
         let slots = meta.view(&meta.slot_mapping);
         let stride = cache.layout.token_stride() as i32;
         let (kc, vc) = (&mut cache.k[layer], &mut cache.v[layer]);
@@ -834,7 +868,11 @@ impl Backend for CudaBackend {
             "step and cache disagree on the block size"
         );
         if meta.num_seqs == 0 {
-            return self.tensor(q.rows, q.cols);
+            return CudaTensor {
+                buf: check("alloc", self.inner.stream.alloc_zeros(q.rows * q.cols + 1)),
+                rows: q.rows,
+                cols: q.cols,
+            };
         }
         // The decode kernel computes each sequence's last query only.
         if meta.decode_only {

@@ -3,8 +3,10 @@
 //!
 //! The scheduler never sees a backend. It hands the model runner a [`StepMetadata`] (host
 //! arrays describing which tokens of which sequences to compute and where their KV lives),
-//! and the runner drives a [`Backend`]. The CPU backend is the reference; a CUDA backend
-//! implements the same trait and must produce the same greedy tokens.
+//! and the runner drives a [`Backend`]. The CPU backend is the reference; the CUDA backend
+//! implements the same trait and must produce the same greedy tokens for the same weight
+//! types (f32, and bf16 through a bf16 GEMM on both). Quantized files are the exception: the
+//! CPU multiplies their blocks directly, the GPU expands them to bf16.
 
 pub mod cpu;
 pub mod cuda;
