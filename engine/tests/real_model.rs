@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ballast_engine::backend::cpu::CpuBackend;
 use ballast_engine::backend::{Backend, StepMetadata};
 use ballast_engine::model::{
-    KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
+    KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, cached_model_or_skip,
 };
 use serde_json::{Value, json};
 
@@ -26,22 +26,10 @@ const FORCED_TOP1_SHARE: f64 = 0.95;
 /// Ballast in f32) and in summation order.
 const LOGIT_TOLERANCE: f32 = 0.5;
 
-/// Whether the model is cached; without it the test skips, unless it is required.
+/// Whether the model is cached; without it the test skips, unless it is required (see
+/// [`cached_model_or_skip`]).
 fn cached() -> bool {
-    let path = model_cache_dir().join(KNOWN_MODELS[0].file);
-    if !path.is_file() {
-        assert!(
-            std::env::var_os("BALLAST_REQUIRE_MODEL").is_none(),
-            "BALLAST_REQUIRE_MODEL is set but {} is missing; run scripts/fetch-model.sh",
-            path.display()
-        );
-        eprintln!(
-            "skipped: {} is not cached (scripts/fetch-model.sh fetches it)",
-            path.display()
-        );
-        return false;
-    }
-    true
+    cached_model_or_skip(KNOWN_MODELS[0].name).is_some()
 }
 
 fn model() -> Option<LlamaModel<CpuBackend>> {

@@ -1,5 +1,6 @@
 //! Hugging Face model directories: `config.json`, one or many `*.safetensors` files
-//! (memory-mapped), `tokenizer.json`, `tokenizer_config.json` and `generation_config.json`.
+//! (memory-mapped), `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` and
+//! `generation_config.json`.
 //!
 //! Only the Llama architecture (`LlamaForCausalLM`) is read. Tensors in F32, F16 or BF16 are
 //! expanded to f32 as they are read from the maps; Q/K rows keep Hugging Face's layout, so
@@ -16,7 +17,7 @@ use serde_json::Value;
 use super::ModelSpec;
 use super::llama::{LayerTensors, ModelTensors};
 use crate::backend::{HostWeight, RopeStyle};
-use crate::tokenizer::BpeTokenizer;
+use crate::tokenizer::{BpeTokenizer, TokenizerError};
 
 /// What is wrong with a Hugging Face directory.
 #[derive(Debug, thiserror::Error)]
@@ -253,8 +254,10 @@ impl HfModel {
         })
     }
 
-    /// The tokenizer from `tokenizer.json` and `tokenizer_config.json`, with
-    /// `generation_config.json`'s EOS ids added to the ones the tokenizer names.
+    /// The tokenizer from `tokenizer.json` and `tokenizer_config.json`, its chat template from
+    /// `chat_template.jinja` when the directory has one (else `tokenizer_config.json`'s
+    /// `chat_template`), with `generation_config.json`'s EOS ids added to the ones the
+    /// tokenizer names.
     pub fn tokenizer(&self, dir: &Path) -> Result<BpeTokenizer, super::ModelError> {
         let err = |source| super::ModelError::Tokenizer {
             path: dir.to_path_buf(),
@@ -273,9 +276,58 @@ impl HfModel {
         } else {
             None
         };
-        let tok = BpeTokenizer::from_hf_json(&json, config.as_deref()).map_err(err)?;
+        let template = chat_template_file(dir)?;
+        let tok = BpeTokenizer::from_hf_files(
+            &json,
+            config.as_deref(),
+            template.as_ref().map(|(_, text)| text.as_str()),
+        )
+        .map_err(|source| match (source, &template) {
+            // Name the file the template came from, not just the directory.
+            (source @ TokenizerError::ChatTemplate(_), Some((path, _))) => {
+                super::ModelError::Tokenizer {
+                    path: path.clone(),
+                    source,
+                }
+            }
+            (source, _) => err(source),
+        })?;
         Ok(tok.with_extra_eos(&self.eos_token_ids))
     }
+}
+
+/// The file newer transformers versions save a model's chat template in, next to
+/// `tokenizer_config.json`; it takes precedence over that file's `chat_template` field.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// The path and text of `dir/chat_template.jinja`, or `None` when there is no such file. A
+/// file that exists but cannot be read (permissions, not UTF-8, a directory) or holds only
+/// whitespace is an error: serving the model with another template than the one it ships
+/// would quietly change every chat prompt.
+fn chat_template_file(dir: &Path) -> Result<Option<(PathBuf, String)>, super::ModelError> {
+    let path = dir.join(CHAT_TEMPLATE_FILE);
+    let io = |source| super::ModelError::Hf {
+        path: dir.to_path_buf(),
+        source: HfError::Io {
+            path: path.clone(),
+            source,
+        },
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    if text.trim().is_empty() {
+        return Err(super::ModelError::Tokenizer {
+            path,
+            source: TokenizerError::Invalid {
+                key: CHAT_TEMPLATE_FILE.into(),
+                reason: "the chat template is empty".into(),
+            },
+        });
+    }
+    Ok(Some((path, text)))
 }
 
 /// `ModelSpec` and tied-embeddings flag from a Llama `config.json`.
@@ -358,7 +410,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
     use crate::model::{HostWeights, LlamaModel, LlamaWeights, ModelSource, ResolvedModel};
-    use crate::tokenizer::{ByteTokenizer, Tokenizer};
+    use crate::tokenizer::{ByteTokenizer, ChatMessage, Tokenizer};
 
     /// GPT-2's byte-to-character table, which byte-level BPE vocabularies are written in.
     fn byte_chars() -> Vec<char> {
@@ -572,6 +624,105 @@ mod tests {
             "bf16 error {err} against logits up to {spread}"
         );
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A template whose output shows which one rendered it.
+    fn tagged_template(tag: &str) -> String {
+        format!(
+            "{tag}:{{% for m in messages %}}[{{{{ m.role }}}}]{{{{ m.content }}}}{{% endfor %}}\
+             {{% if add_generation_prompt %}}[assistant]{{% endif %}}"
+        )
+    }
+
+    fn render_hi(tokenizer: &dyn Tokenizer) -> String {
+        let hi = ChatMessage {
+            role: "user".into(),
+            content: "hi".into(),
+        };
+        tokenizer.try_apply_chat_template(&[hi]).unwrap()
+    }
+
+    fn write_tokenizer_config(dir: &Path, chat_template: Value) {
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": chat_template})
+                .to_string(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn chat_template_jinja_is_used_and_wins_over_tokenizer_config() {
+        let dir = write_dir("jinja", Precision::F32, |_| {});
+        // No template anywhere: ChatML.
+        assert!(render_hi(&*load(&dir).1).starts_with("<|im_start|>user\nhi<|im_end|>"));
+
+        // The file alone.
+        std::fs::write(dir.join(CHAT_TEMPLATE_FILE), tagged_template("file")).unwrap();
+        assert_eq!(render_hi(&*load(&dir).1), "file:[user]hi[assistant]");
+
+        // The file and a config string: the file wins.
+        write_tokenizer_config(&dir, json!(tagged_template("config")));
+        assert_eq!(render_hi(&*load(&dir).1), "file:[user]hi[assistant]");
+
+        // The file and a config field that would not even parse: the field is not read.
+        write_tokenizer_config(&dir, json!(42));
+        assert_eq!(render_hi(&*load(&dir).1), "file:[user]hi[assistant]");
+
+        // Without the file, the config's string, then its list's "default" entry.
+        std::fs::remove_file(dir.join(CHAT_TEMPLATE_FILE)).unwrap();
+        write_tokenizer_config(&dir, json!(tagged_template("config")));
+        assert_eq!(render_hi(&*load(&dir).1), "config:[user]hi[assistant]");
+        write_tokenizer_config(
+            &dir,
+            json!([
+                {"name": "tool_use", "template": tagged_template("tools")},
+                {"name": "default", "template": tagged_template("default")}
+            ]),
+        );
+        assert_eq!(render_hi(&*load(&dir).1), "default:[user]hi[assistant]");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_bad_chat_template_jinja_is_an_error_naming_it() {
+        let file = |dir: &Path| dir.join(CHAT_TEMPLATE_FILE);
+        type Write = fn(&Path);
+        let cases: [(&str, Write, &str); 4] = [
+            (
+                "syntax",
+                |p| std::fs::write(p, "{% for m in messages %}unclosed").unwrap(),
+                "does not compile",
+            ),
+            (
+                "utf8",
+                |p| std::fs::write(p, b"{{ bos_token }}\xff\xfe").unwrap(),
+                "cannot read",
+            ),
+            (
+                "empty",
+                |p| std::fs::write(p, " \n").unwrap(),
+                "the chat template is empty",
+            ),
+            (
+                "directory",
+                |p| std::fs::create_dir(p).unwrap(),
+                "cannot read",
+            ),
+        ];
+        for (name, write, want) in cases {
+            let dir = write_dir(&format!("bad-jinja-{name}"), Precision::F32, |_| {});
+            // A good template in the config must not paper over a bad file.
+            write_tokenizer_config(&dir, json!(tagged_template("config")));
+            write(&file(&dir));
+            let err = ResolvedModel::resolve(dir.to_str().unwrap())
+                .err()
+                .unwrap_or_else(|| panic!("{name}: a bad {CHAT_TEMPLATE_FILE} was accepted"));
+            let msg = err.to_string();
+            assert!(msg.contains(file(&dir).to_str().unwrap()), "{name}: {msg}");
+            assert!(msg.contains(want), "{name}: {msg}");
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 
     #[test]

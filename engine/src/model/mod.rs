@@ -145,6 +145,50 @@ pub fn model_cache_dir() -> PathBuf {
     }
 }
 
+/// Test support: the cached file of the known model `name` (see [`KNOWN_MODELS`]) for a test
+/// that needs a real model, or `None` when it has not been fetched, so the test can return
+/// early; a "skipped" line on stderr says so. With `BALLAST_REQUIRE_MODEL` set (to anything)
+/// a missing file panics instead, naming the file and the command that fetches it, so a CI
+/// that fetched the model cannot skip these tests silently.
+///
+/// ```no_run
+/// # use ballast_engine::model::{KNOWN_MODELS, cached_model_or_skip};
+/// let Some(path) = cached_model_or_skip(KNOWN_MODELS[0].name) else {
+///     return; // not cached: skipped
+/// };
+/// println!("testing {}", path.display());
+/// ```
+///
+/// # Panics
+/// When `name` is not a known model, or the file is missing and `BALLAST_REQUIRE_MODEL` is set.
+#[doc(hidden)]
+pub fn cached_model_or_skip(name: &str) -> Option<PathBuf> {
+    let required = std::env::var_os("BALLAST_REQUIRE_MODEL").is_some();
+    cached_in_or_skip(&model_cache_dir(), name, required)
+}
+
+/// [`cached_model_or_skip`] with the cache directory and the requirement as arguments.
+fn cached_in_or_skip(cache: &Path, name: &str, required: bool) -> Option<PathBuf> {
+    let known = KNOWN_MODELS
+        .iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("{name:?} is not one of KNOWN_MODELS"));
+    let path = cache.join(known.file);
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        !required,
+        "BALLAST_REQUIRE_MODEL is set but {} is missing; run scripts/fetch-model.sh",
+        path.display()
+    );
+    eprintln!(
+        "skipped: {} is not cached (scripts/fetch-model.sh fetches it)",
+        path.display()
+    );
+    None
+}
+
 /// Where a model's weights come from.
 #[derive(Clone)]
 pub enum ModelSource {
@@ -516,6 +560,32 @@ mod tests {
             Err(ModelError::UnsupportedFormat(_))
         ));
         assert_eq!(resolve("synthetic:tiny").unwrap().hidden_size, 64);
+    }
+
+    #[test]
+    fn cached_model_is_found_skipped_or_required() {
+        let cache = std::env::temp_dir().join(format!("ballast-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&cache);
+        std::fs::create_dir_all(&cache).unwrap();
+        let name = KNOWN_MODELS[0].name;
+        let file = cache.join(KNOWN_MODELS[0].file);
+
+        assert_eq!(cached_in_or_skip(&cache, name, false), None);
+        let required = std::panic::catch_unwind(|| cached_in_or_skip(&cache, name, true));
+        let message = required.expect_err("a required, missing model panics");
+        let message = message.downcast_ref::<String>().unwrap();
+        assert!(message.contains(file.to_str().unwrap()), "{message}");
+        assert!(message.contains("scripts/fetch-model.sh"), "{message}");
+
+        // A directory by the file's name is not the model.
+        std::fs::create_dir(&file).unwrap();
+        assert_eq!(cached_in_or_skip(&cache, name, false), None);
+        std::fs::remove_dir(&file).unwrap();
+
+        std::fs::write(&file, b"GGUF").unwrap();
+        assert_eq!(cached_in_or_skip(&cache, name, false), Some(file.clone()));
+        assert_eq!(cached_in_or_skip(&cache, name, true), Some(file));
+        let _ = std::fs::remove_dir_all(cache);
     }
 
     #[test]

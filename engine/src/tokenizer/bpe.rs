@@ -339,6 +339,18 @@ impl BpeTokenizer {
         tokenizer_json: &str,
         tokenizer_config_json: Option<&str>,
     ) -> Result<Self, TokenizerError> {
+        Self::from_hf_files(tokenizer_json, tokenizer_config_json, None)
+    }
+
+    /// [`BpeTokenizer::from_hf_json`] with the text of the directory's `chat_template.jinja`,
+    /// when it has one. Newer transformers save the template in that file rather than in
+    /// `tokenizer_config.json`, and load it in preference to the config's `chat_template`, so
+    /// when `chat_template` is `Some` the config's field is not read at all.
+    pub fn from_hf_files(
+        tokenizer_json: &str,
+        tokenizer_config_json: Option<&str>,
+        chat_template: Option<&str>,
+    ) -> Result<Self, TokenizerError> {
         let invalid = |key: &str, reason: String| TokenizerError::Invalid {
             key: key.into(),
             reason,
@@ -429,10 +441,12 @@ impl BpeTokenizer {
             ends.push(data.len());
         }
 
-        let template_source = match config.get("chat_template") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(s)) => Some(s.clone()),
-            Some(serde_json::Value::Array(list)) => {
+        // The file wins; the config's field is then not even checked, as in transformers.
+        let template_source = match (chat_template, config.get("chat_template")) {
+            (Some(file), _) => Some(file.to_string()),
+            (None, None | Some(serde_json::Value::Null)) => None,
+            (None, Some(serde_json::Value::String(s))) => Some(s.clone()),
+            (None, Some(serde_json::Value::Array(list))) => {
                 let named = |name: &str| {
                     list.iter()
                         .find(|t| t.get("name").and_then(|n| n.as_str()) == Some(name))
@@ -442,7 +456,7 @@ impl BpeTokenizer {
                     .and_then(|t| t.get("template")?.as_str())
                     .map(str::to_string)
             }
-            Some(other) => {
+            (None, Some(other)) => {
                 return Err(invalid(
                     "tokenizer_config.json",
                     format!("chat_template is neither a string nor a list: {other}"),

@@ -4,6 +4,7 @@
 use super::*;
 use crate::model::gguf::test_writer::GgufWriter;
 use crate::model::gguf::{GgufFile, MetaArray, MetaValue};
+use crate::model::{KNOWN_MODELS, cached_model_or_skip};
 
 fn msg(role: &str, content: &str) -> ChatMessage {
     ChatMessage {
@@ -568,29 +569,9 @@ fn hugging_face_json_matches_the_gguf_path() {
 
 // ---- the default real model, when scripts/fetch-model.sh has cached it ----
 
-/// The cached SmolLM2-135M file, or `None` (skip) when it has not been fetched. With
-/// `BALLAST_REQUIRE_MODEL` set a missing file fails instead (as in the GGUF reader's tests).
+/// The cached SmolLM2-135M file, or `None` (skip); see [`cached_model_or_skip`].
 fn cached_smollm2() -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("BALLAST_MODEL_CACHE")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| std::path::PathBuf::from(h).join(".cache/ballast/models"))
-        })?;
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("BALLAST_REQUIRE_MODEL").is_none(),
-        "BALLAST_REQUIRE_MODEL is set but {} is missing; run scripts/fetch-model.sh",
-        path.display()
-    );
-    eprintln!(
-        "skipped: {} not cached (scripts/fetch-model.sh)",
-        path.display()
-    );
-    None
+    cached_model_or_skip(KNOWN_MODELS[0].name)
 }
 
 fn smollm2() -> Option<BpeTokenizer> {

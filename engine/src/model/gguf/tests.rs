@@ -2,7 +2,7 @@ use proptest::prelude::*;
 
 use super::test_writer::{GgufWriter, put_str, tiny_llama};
 use super::*;
-use crate::model::ModelSpec;
+use crate::model::{KNOWN_MODELS, ModelSpec, cached_model_or_skip};
 
 fn parse(bytes: &[u8]) -> Result<GgufFile<&[u8]>, GgufError> {
     GgufFile::from_bytes(bytes)
@@ -747,30 +747,9 @@ proptest! {
 
 // ---- the default real model, when scripts/fetch-model.sh has cached it ----
 
-/// The cached SmolLM2-135M file, or `None` (skip) when it has not been fetched. With
-/// `BALLAST_REQUIRE_MODEL` set a missing file fails instead, so a CI that fetches the model
-/// cannot silently skip this.
+/// The cached SmolLM2-135M file, or `None` (skip); see [`cached_model_or_skip`].
 fn cached_smollm2() -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("BALLAST_MODEL_CACHE")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| std::path::PathBuf::from(h).join(".cache/ballast/models"))
-        })?;
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("BALLAST_REQUIRE_MODEL").is_none(),
-        "BALLAST_REQUIRE_MODEL is set but {} is missing; run scripts/fetch-model.sh",
-        path.display()
-    );
-    eprintln!(
-        "skipped: {} not cached (scripts/fetch-model.sh)",
-        path.display()
-    );
-    None
+    cached_model_or_skip(KNOWN_MODELS[0].name)
 }
 
 #[test]
