@@ -107,6 +107,7 @@ fn greedy_tokens_and_first_logits_agree_with_llama_cpp() {
     let mut prefix_sum = 0;
     let mut worst_gap = 0.0f32;
     let mut first_ok = true;
+    let mut self_prefix_sum = 0;
     let mut report = String::new();
     for case in cases {
         let prompt = ids(&case["prompt_ids"]);
@@ -148,6 +149,12 @@ fn greedy_tokens_and_first_logits_agree_with_llama_cpp() {
         }
         let run = |other: &[u32]| got.iter().zip(other).take_while(|(a, b)| a == b).count();
         let same = run(&want);
+        // llama.cpp against itself: its f16-KV run against its f32-KV run.
+        self_prefix_sum += default_kv
+            .iter()
+            .zip(&want)
+            .take_while(|(a, b)| a == b)
+            .count();
         report.push_str(&format!(
             "{same}/{} tokens agree (f16 KV: {}){}, first top-1 {}, logits within {worst:.3}: {:?}\n",
             want.len(),
@@ -167,7 +174,19 @@ fn greedy_tokens_and_first_logits_agree_with_llama_cpp() {
         "first-step top-1 or logits (tolerance {LOGIT_TOLERANCE}) differ:\n{report}"
     );
     let mean_prefix = prefix_sum as f64 / cases.len() as f64;
-    eprintln!("{agreeing} of 5 identical for 32 tokens; mean agreeing prefix {mean_prefix:.1}");
+    let self_mean = self_prefix_sum as f64 / cases.len() as f64;
+    eprintln!(
+        "{agreeing} of 5 identical for 32 tokens; mean agreeing prefix {mean_prefix:.1} \
+         (llama.cpp's f16-KV run against its own f32-KV run: {self_mean:.1})"
+    );
+    // The prompts reach near-ties within 32 tokens, where any change of rounding picks a
+    // different path: llama.cpp's two KV precisions agree on 1 of the 5 (mean prefix 14.4).
+    // Ballast must follow llama.cpp about as far as llama.cpp follows itself.
+    assert!(
+        mean_prefix >= 0.75 * self_mean,
+        "Ballast follows llama.cpp for {mean_prefix:.1} tokens on average, llama.cpp's f16-KV \
+         run follows its f32-KV run for {self_mean:.1}:\n{report}"
+    );
     assert!(
         worst_gap <= LOGIT_TOLERANCE,
         "a run left llama.cpp's tokens where llama.cpp's choice scored {worst_gap:.3} below \
