@@ -114,6 +114,30 @@ __device__ Tally tally_from(const float* __restrict__ row, int cols, float inv_t
     return t;
 }
 
+// What a binary search over keys looks for: the largest x whose tally from x has
+// at least k tokens (TOP_K), at least `bound` mass (TOP_P), or more than `bound` mass (DRAW).
+enum Search { TOP_K, TOP_P, DRAW };
+
+// The largest x in [lo, hi] for which `search` holds; it must hold at lo. One pass over the
+// row per step, at most 64 steps. Every thread of the block must call it and gets the answer.
+__device__ u64 search_keys(const float* __restrict__ row, int cols, float inv_t, float max,
+                           u64 lo, u64 hi, Search search, u64 k, double bound, u64* scratch_u,
+                           double* scratch_d) {
+    while (lo < hi) {
+        const u64 mid = lo + (hi - lo + 1) / 2;
+        const Tally t = tally_from(row, cols, inv_t, max, mid, scratch_u, scratch_d);
+        const bool holds = search == TOP_K   ? t.count >= k
+                           : search == TOP_P ? t.mass >= bound
+                                             : t.mass > bound;
+        if (holds) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
 // One token per row drawn as the engine's `sample_row` draws it (without suppression: the
 // caller sets suppressed logits to -inf first): greedy (argmax) when temperature <= 1e-5;
 // otherwise logits * (1 / temperature) over the finite logits, the top_k best (0: all),
@@ -173,53 +197,23 @@ extern "C" __global__ void sample_f32(const float* __restrict__ logits,
     lo = block_reduce(lo, OpMin(), ~(u64)0, scratch_u);
     hi = block_reduce(hi, OpMax(), (u64)0, scratch_u);
 
-    // Each search: the largest x in [lo, hi] for which the condition holds (it holds at lo).
     // top-k: at least k candidates have key >= x; that x is the k-th best key.
     const u64 k = top_k[r];
     if (k > 0 && k < count) {
-        u64 a = lo;
-        u64 b = hi;
-        while (a < b) {
-            const u64 mid = a + (b - a + 1) / 2;
-            if (tally_from(row, cols, inv_t, max, mid, scratch_u, scratch_d).count >= k) {
-                a = mid;
-            } else {
-                b = mid - 1;
-            }
-        }
-        lo = a;
+        lo = search_keys(row, cols, inv_t, max, lo, hi, TOP_K, k, 0.0, scratch_u, scratch_d);
     }
     double total = tally_from(row, cols, inv_t, max, lo, scratch_u, scratch_d).mass;
     // top-p: the shortest prefix with mass >= top_p * total ends at the largest such x.
     const float p = top_p[r];
     if (p < 1.0f) {
-        const double threshold = (double)p * total;
-        u64 a = lo;
-        u64 b = hi;
-        while (a < b) {
-            const u64 mid = a + (b - a + 1) / 2;
-            if (tally_from(row, cols, inv_t, max, mid, scratch_u, scratch_d).mass >= threshold) {
-                a = mid;
-            } else {
-                b = mid - 1;
-            }
-        }
-        lo = a;
+        lo = search_keys(row, cols, inv_t, max, lo, hi, TOP_P, 0, (double)p * total, scratch_u,
+                         scratch_d);
         total = tally_from(row, cols, inv_t, max, lo, scratch_u, scratch_d).mass;
     }
     // The draw: the first token (in key order) whose running mass exceeds u * total; the last
     // kept token (lo) when rounding leaves none.
-    const double target = uniform[r] * total;
-    u64 a = lo;
-    u64 b = hi;
-    while (a < b) {
-        const u64 mid = a + (b - a + 1) / 2;
-        if (tally_from(row, cols, inv_t, max, mid, scratch_u, scratch_d).mass > target) {
-            a = mid;
-        } else {
-            b = mid - 1;
-        }
-    }
+    const u64 a = search_keys(row, cols, inv_t, max, lo, hi, DRAW, 0, uniform[r] * total,
+                              scratch_u, scratch_d);
     if (threadIdx.x == 0) {
         out[r] = key_index(a);
     }
