@@ -155,6 +155,11 @@ pub struct EngineArgs {
     #[arg(long, env = "BALLAST_DEVICE", value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
 
+    /// With `--device cuda`: replay decode steps from CUDA graphs captured at batch sizes
+    /// 1, 2, 4, … 128 (one launch per step). Off until measured on a GPU.
+    #[arg(long, env = "BALLAST_CUDA_GRAPHS", value_parser = BoolishValueParser::new())]
+    pub cuda_graphs: bool,
+
     /// Seconds between the per-engine stats log lines (and generation-throughput window).
     #[arg(
         long,
@@ -354,13 +359,20 @@ impl EngineConfig {
         if a.cpu_threads == Some(0) {
             return Err(bad("cpu-threads", "must be at least 1"));
         }
+        if a.cuda_graphs && a.device != Device::Cuda {
+            return Err(bad(
+                "cuda-graphs",
+                "replays CUDA graphs; it needs --device cuda",
+            ));
+        }
         crate::device::check(a.device).map_err(|m| bad("device", m))?;
         let backend = match a.device {
             Device::Cpu => ComputeBackend::Cpu,
-            Device::Cuda => ComputeBackend::Cuda(
-                crate::backend::cuda::CudaBackend::new(0)
+            Device::Cuda => ComputeBackend::Cuda {
+                backend: crate::backend::cuda::CudaBackend::new(0)
                     .map_err(|e| bad("device", format!("{e}; use --device cpu")))?,
-            ),
+                graphs: a.cuda_graphs,
+            },
         };
         if !(a.drain_timeout.is_finite() && a.drain_timeout >= 0.0) {
             return Err(bad(
@@ -483,6 +495,9 @@ mod tests {
         assert_eq!(e.flag, "device");
         assert!(e.message.contains("--device cpu"), "{e}");
         assert!(EngineConfig::from_args(&parse(&["--device", "cpu"])).is_ok());
+        let e = EngineConfig::from_args(&parse(&["--cuda-graphs"])).unwrap_err();
+        assert_eq!(e.flag, "cuda-graphs");
+        assert!(e.message.contains("--device cuda"), "{e}");
     }
 
     #[test]

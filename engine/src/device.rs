@@ -24,7 +24,12 @@ pub enum ComputeBackend {
     #[default]
     Cpu,
     /// The CUDA backend on an opened GPU.
-    Cuda(crate::backend::cuda::CudaBackend),
+    Cuda {
+        /// The backend.
+        backend: crate::backend::cuda::CudaBackend,
+        /// Replay decode steps from CUDA graphs (`--cuda-graphs`).
+        graphs: bool,
+    },
 }
 
 /// Whether this machine can serve on `device`: `Err` says why not and what would work.

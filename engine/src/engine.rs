@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use crate::admission::{AdmissionLedger, RejectReason};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::GraphExecutor;
 use crate::config::EngineConfig;
 use crate::core::{RankCommand, RankHandles, RankWorker};
 use crate::device::ComputeBackend;
@@ -87,12 +88,12 @@ struct Inner {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// The model of `config` on `backend` and one executor (with its own KV cache) per rank.
-fn model_executors<B: Backend + Clone>(
+/// The model of `config` on `backend`, and its tokenizer.
+fn build_model<B: Backend + Clone>(
     config: &EngineConfig,
     backend: B,
-) -> (Vec<Box<dyn Executor>>, Arc<dyn Tokenizer>) {
-    let (model, tokenizer): (_, Arc<dyn Tokenizer>) = match &config.source {
+) -> (LlamaModel<B>, Arc<dyn Tokenizer>) {
+    match &config.source {
         ModelSource::Synthetic => (
             LlamaModel::synthetic(config.model.clone(), backend, config.seed),
             Arc::new(ByteTokenizer),
@@ -107,18 +108,19 @@ fn model_executors<B: Backend + Clone>(
             let model = LlamaModel::new(config.model.clone(), backend, Arc::new(weights));
             (model, tokenizer.clone())
         }
-    };
+    }
+}
+
+/// One executor (with its own KV cache) per rank, made by `executor` from the model.
+fn per_rank<B: Backend + Clone, E: Executor + 'static>(
+    config: &EngineConfig,
+    model: &LlamaModel<B>,
+    executor: impl Fn(LlamaModel<B>, usize, usize) -> E,
+) -> Vec<Box<dyn Executor>> {
     let s = config.scheduler;
-    let executors = (0..config.data_parallel_size)
-        .map(|_| {
-            Box::new(ModelExecutor::new(
-                model.clone(),
-                s.num_blocks,
-                s.block_size,
-            )) as Box<dyn Executor>
-        })
-        .collect();
-    (executors, tokenizer)
+    (0..config.data_parallel_size)
+        .map(|_| Box::new(executor(model.clone(), s.num_blocks, s.block_size)) as Box<dyn Executor>)
+        .collect()
 }
 
 /// A running engine. Cheap to clone.
@@ -138,8 +140,19 @@ impl Engine {
                 .build_global();
         }
         let (executors, tokenizer) = match &config.backend {
-            ComputeBackend::Cpu => model_executors(&config, CpuBackend),
-            ComputeBackend::Cuda(gpu) => model_executors(&config, gpu.clone()),
+            ComputeBackend::Cpu => {
+                let (model, tokenizer) = build_model(&config, CpuBackend);
+                (per_rank(&config, &model, ModelExecutor::new), tokenizer)
+            }
+            ComputeBackend::Cuda { backend, graphs } => {
+                let (model, tokenizer) = build_model(&config, backend.clone());
+                let executors = if *graphs {
+                    per_rank(&config, &model, GraphExecutor::new)
+                } else {
+                    per_rank(&config, &model, ModelExecutor::new)
+                };
+                (executors, tokenizer)
+            }
         };
         Self::start_with(config, executors, tokenizer)
     }

@@ -6,8 +6,9 @@
 //! run yet.
 
 use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::cuda::CudaBackend;
+use ballast_engine::backend::cuda::{CudaBackend, GraphExecutor};
 use ballast_engine::backend::{Backend, HostWeight, KvLayout, RopeStyle, SeqSlice, StepMetadata};
+use ballast_engine::executor::{Executor, ModelExecutor};
 use ballast_engine::model::{LlamaModel, ModelSpec, WeightDtype};
 use ballast_engine::sampling::{SampleSpec, SamplingSlot};
 use ballast_rng::SplitMix64;
@@ -397,6 +398,102 @@ fn greedy_tokens_are_identical_on_both_backends() {
     }
 }
 
+/// Sequences joining and leaving a batch, as a scheduler would run them: each step lists
+/// `(sequence, new tokens)`; a sequence's first entry is its prompt.
+struct Schedule {
+    prompts: Vec<Vec<u32>>,
+    steps: Vec<Vec<usize>>,
+}
+
+/// Runs `schedule` through `executor` (greedy), returning each sequence's sampled tokens.
+fn run_schedule(
+    executor: &mut dyn Executor,
+    schedule: &Schedule,
+    blocks_per_seq: u32,
+) -> Vec<Vec<u32>> {
+    let n = schedule.prompts.len();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut lens = vec![0u32; n];
+    for active in &schedule.steps {
+        let mut meta = StepMetadata {
+            block_size: BLOCK,
+            ..StepMetadata::default()
+        };
+        for &i in active {
+            let new = if lens[i] == 0 {
+                schedule.prompts[i].clone()
+            } else {
+                vec![*out[i].last().unwrap()]
+            };
+            let first = i as u32 * blocks_per_seq;
+            let query_start = meta.token_ids.len() as u32;
+            for (j, &tok) in new.iter().enumerate() {
+                let pos = lens[i] + j as u32;
+                meta.token_ids.push(tok);
+                meta.positions.push(pos);
+                meta.slot_mapping
+                    .push((first + pos / BLOCK) * BLOCK + pos % BLOCK);
+            }
+            let total = lens[i] + new.len() as u32;
+            meta.seqs.push(SeqSlice {
+                query_start,
+                query_len: new.len() as u32,
+                context_len: lens[i],
+                block_table_start: meta.block_tables.len() as u32,
+                block_table_len: total.div_ceil(BLOCK),
+            });
+            meta.block_tables
+                .extend(first..first + total.div_ceil(BLOCK));
+            meta.logits_rows.push(query_start + new.len() as u32 - 1);
+            lens[i] = total;
+        }
+        let mut slots: Vec<SamplingSlot> = active.iter().map(|_| greedy_slot()).collect();
+        for (&i, tok) in active.iter().zip(executor.execute(&meta, &mut slots)) {
+            out[i].push(tok);
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run kernels/device-check.sh"]
+fn graph_replay_decodes_like_op_by_op() {
+    let gpu = gpu();
+    let spec = ModelSpec::synthetic("small").unwrap();
+    let mut rng = SplitMix64::new(23);
+    let prompts: Vec<Vec<u32>> = [5usize, 40, 17, 9]
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| rng.below(spec.vocab_size as u64) as u32)
+                .collect()
+        })
+        .collect();
+    let mut steps = vec![vec![0, 1, 2]];
+    steps.extend(std::iter::repeat_n(vec![0, 1, 2], 6)); // padded to 4
+    steps.push(vec![0, 1, 2, 3]); // a prefill joins: op by op
+    steps.extend(std::iter::repeat_n(vec![0, 1, 2, 3], 5)); // exactly 4
+    steps.extend(std::iter::repeat_n(vec![1], 4)); // 1
+    steps.extend(std::iter::repeat_n(vec![3, 0], 4)); // 2, out of sequence order
+    let schedule = Schedule { prompts, steps };
+    let blocks_per_seq = (spec.max_model_len as u32).div_ceil(BLOCK);
+    let num_blocks = blocks_per_seq as usize * schedule.prompts.len();
+    let model = LlamaModel::synthetic(spec, gpu.clone(), 3);
+    let mut eager = ModelExecutor::new(model.clone(), num_blocks, BLOCK as usize);
+    let mut graphs = GraphExecutor::new(model, num_blocks, BLOCK as usize);
+    let want = run_schedule(&mut eager, &schedule, blocks_per_seq);
+    let got = run_schedule(&mut graphs, &schedule, blocks_per_seq);
+    assert_eq!(
+        graphs.captured(),
+        vec![1, 2, 4],
+        "decode steps of 1, 2, 3 and 4 sequences replay graphs of 1, 2 and 4"
+    );
+    assert_eq!(
+        got, want,
+        "graph replays and op-by-op steps pick different tokens"
+    );
+}
+
 /// Seconds per call of `f`, after two warm-up calls, over enough calls to fill ~0.3 s.
 fn time_per_call(gpu: &CudaBackend, mut f: impl FnMut()) -> f64 {
     f();
@@ -519,6 +616,33 @@ fn device_benchmarks() {
          {tok_s:.1} tok/s; weight-read roofline at the copy bandwidth {roofline:.0} tok/s \
          ({:.0} % of it)",
         100.0 * tok_s / roofline
+    );
+    eprintln!("{line}");
+    writeln!(report, "{line}").unwrap();
+    drop(cache);
+
+    // The same decode through an executor that replays a captured graph per step.
+    let num_blocks = (prompt.len() + steps + 2).div_ceil(BLOCK as usize);
+    let mut graphs = GraphExecutor::new(model, num_blocks, BLOCK as usize);
+    let schedule = Schedule {
+        prompts: vec![prompt.clone()],
+        steps: vec![vec![0]; 1 + 2],
+    };
+    // Prefill and two decode steps (the first captures the graph); then time the rest.
+    let blocks_per_seq = num_blocks as u32;
+    let warm = run_schedule(&mut graphs, &schedule, blocks_per_seq);
+    let mut token = *warm[0].last().unwrap();
+    let started = std::time::Instant::now();
+    for pos in n + 2..n + steps as u32 - 1 {
+        let meta = StepMetadata::single_sequence(&[token], pos, BLOCK, vec![0]);
+        token = graphs.execute(&meta, &mut [greedy_slot()])[0];
+    }
+    let graph_tok_s = (steps - 3) as f64 / started.elapsed().as_secs_f64();
+    let line = format!(
+        "the same with CUDA graphs (--cuda-graphs; captured {:?}): {graph_tok_s:.1} tok/s \
+         ({:.0} % of the roofline)",
+        graphs.captured(),
+        100.0 * graph_tok_s / roofline
     );
     eprintln!("{line}");
     writeln!(report, "{line}").unwrap();

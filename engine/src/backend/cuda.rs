@@ -29,7 +29,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::{Backend, HostWeight, KvLayout, RopeStyle, StepMetadata};
+use super::{Backend, HostWeight, KvLayout, RopeStyle, SeqSlice, StepMetadata};
 use crate::sampling::SamplingSlot;
 
 /// Why the CUDA backend could not start.
@@ -88,6 +88,8 @@ const ROW_THREADS: u32 = 256;
 const ATTENTION_THREADS: u32 = 128;
 /// Threads per block of the sampling kernels.
 const SAMPLING_THREADS: u32 = 1024;
+/// Bytes of cuBLAS workspace (what cuBLAS asks for on Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
 /// Keys below which a decode split is not worth its merge.
 const MIN_SPLIT_TOKENS: usize = 256;
 
@@ -111,6 +113,8 @@ struct Functions {
 struct Inner {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    /// cuBLAS's workspace, set explicitly so that a captured GEMM allocates nothing.
+    _blas_workspace: CudaSlice<u8>,
     f: Functions,
     device_name: String,
     arch: String,
@@ -281,11 +285,21 @@ impl CudaBackend {
         }
         let stream = ctx.new_stream()?;
         let blas = CudaBlas::new(stream.clone())?;
+        let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE)?;
+        {
+            let (ptr, _record) = workspace.device_ptr(&stream);
+            // SAFETY: the workspace lives as long as the handle (both in Inner).
+            unsafe {
+                blas_sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut c_void, BLAS_WORKSPACE)
+            }
+            .result()?;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 device_name: ctx.name()?,
                 stream,
                 blas,
+                _blas_workspace: workspace,
                 f,
                 arch,
                 sms: sms.max(1) as usize,
@@ -354,6 +368,81 @@ impl CudaBackend {
         let mut b = self.inner.stream.launch_builder(&self.inner.f.to_bf16);
         b.arg(&x.buf).arg(&mut out).arg(&n);
         check("f32_to_bf16", unsafe { b.launch(self.elementwise(n)) });
+        out
+    }
+
+    /// A step metadata buffer for graph replays: the layout `meta` packs into, kept at one
+    /// address so a captured graph can read each step's values from it. `longest` is what
+    /// the decode attention sizes its splits for (the graph's sequences may not exceed it).
+    fn fixed_meta(&self, meta: &StepMetadata, longest: usize) -> CudaStepMeta {
+        let mut m = self.prepare_step(meta);
+        m.longest = longest;
+        m
+    }
+
+    /// Copies `meta` into a buffer made by [`CudaBackend::fixed_meta`] from a metadata of the
+    /// same shape.
+    fn refill_meta(&self, fixed: &mut CudaStepMeta, meta: &StepMetadata) {
+        let (host, _) = pack(meta);
+        assert_eq!(host.len(), fixed.buf.len(), "graph metadata changed shape");
+        check(
+            "step metadata",
+            self.inner.stream.memcpy_htod(&host, &mut fixed.buf),
+        );
+    }
+
+    /// Records the ops `step` queues (nothing runs) and copies its result into `out`, as one
+    /// graph. Everything `step` allocates is freed inside the graph, so it can be replayed.
+    fn capture(
+        &self,
+        step: impl FnOnce() -> CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<StepGraph, String> {
+        let stream = &self.inner.stream;
+        stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(|e| format!("begin capture: {e}"))?;
+        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let result = step();
+            check("copy logits", stream.memcpy_dtod(&result.buf, &mut out.buf));
+        }));
+        let graph = stream.end_capture(
+            cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+        );
+        if let Err(panic) = recorded {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            return Err(format!("capturing a step failed: {why}"));
+        }
+        match graph {
+            Ok(Some(graph)) => Ok(StepGraph(graph)),
+            Ok(None) => Err("capture recorded no graph".into()),
+            Err(e) => Err(format!("end capture: {e}")),
+        }
+    }
+
+    /// Runs a captured step.
+    fn replay(&self, graph: &StepGraph) {
+        check("graph launch", graph.0.launch());
+    }
+
+    /// The first `rows` rows of `t`, copied.
+    fn first_rows(&self, t: &CudaTensor, rows: usize) -> CudaTensor {
+        let mut out = self.tensor(rows, t.cols);
+        if rows > 0 {
+            let n = rows * t.cols;
+            check(
+                "copy rows",
+                self.inner
+                    .stream
+                    .memcpy_dtod(&t.buf.slice(..n), &mut out.buf.slice_mut(..n)),
+            );
+        }
         out
     }
 
@@ -592,6 +681,72 @@ pub fn decode_splits(blocks: usize, sms: usize, longest: usize) -> usize {
     wanted.min(most).max(1)
 }
 
+/// The step's index arrays packed into one u32 array (token ids, positions, slot mapping,
+/// sequences as five u32 each, block tables, logits rows) and the metadata describing it, with
+/// given the buffer.
+fn pack(meta: &StepMetadata) -> (Vec<u32>, impl FnOnce(CudaSlice<u32>) -> CudaStepMeta) {
+    let mut host: Vec<u32> = Vec::with_capacity(
+        3 * meta.num_tokens()
+            + 5 * meta.seqs.len()
+            + meta.block_tables.len()
+            + meta.logits_rows.len(),
+    );
+    let mut push = |values: &mut dyn Iterator<Item = u32>| {
+        let start = host.len();
+        host.extend(values);
+        start..host.len()
+    };
+    let token_ids = push(&mut meta.token_ids.iter().copied());
+    let positions = push(&mut meta.positions.iter().copied());
+    let slot_mapping = push(&mut meta.slot_mapping.iter().copied());
+    let seqs = push(&mut meta.seqs.iter().flat_map(|s| {
+        [
+            s.query_start,
+            s.query_len,
+            s.context_len,
+            s.block_table_start,
+            s.block_table_len,
+        ]
+    }));
+    let block_tables = push(&mut meta.block_tables.iter().copied());
+    let logits_rows = push(&mut meta.logits_rows.iter().copied());
+    if host.is_empty() {
+        host.push(0);
+    }
+    let num_tokens = meta.num_tokens();
+    let num_seqs = meta.seqs.len();
+    let decode_only = meta.seqs.iter().all(|s| s.query_len == 1);
+    let longest = meta
+        .seqs
+        .iter()
+        .map(|s| s.total_len() as usize)
+        .max()
+        .unwrap_or(0);
+    let max_query = meta
+        .seqs
+        .iter()
+        .map(|s| s.query_len as usize)
+        .max()
+        .unwrap_or(0);
+    let block_size = meta.block_size as usize;
+    let packed = move |buf| CudaStepMeta {
+        buf,
+        token_ids,
+        positions,
+        slot_mapping,
+        seqs,
+        block_tables,
+        logits_rows,
+        num_tokens,
+        num_seqs,
+        decode_only,
+        longest,
+        max_query,
+        block_size,
+    };
+    (host, packed)
+}
+
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
     type Weight = CudaWeight;
@@ -669,59 +824,8 @@ impl Backend for CudaBackend {
     }
 
     fn prepare_step(&self, meta: &StepMetadata) -> CudaStepMeta {
-        let mut host: Vec<u32> = Vec::with_capacity(
-            3 * meta.num_tokens()
-                + 5 * meta.seqs.len()
-                + meta.block_tables.len()
-                + meta.logits_rows.len(),
-        );
-        let mut push = |values: &mut dyn Iterator<Item = u32>| {
-            let start = host.len();
-            host.extend(values);
-            start..host.len()
-        };
-        let token_ids = push(&mut meta.token_ids.iter().copied());
-        let positions = push(&mut meta.positions.iter().copied());
-        let slot_mapping = push(&mut meta.slot_mapping.iter().copied());
-        let seqs = push(&mut meta.seqs.iter().flat_map(|s| {
-            [
-                s.query_start,
-                s.query_len,
-                s.context_len,
-                s.block_table_start,
-                s.block_table_len,
-            ]
-        }));
-        let block_tables = push(&mut meta.block_tables.iter().copied());
-        let logits_rows = push(&mut meta.logits_rows.iter().copied());
-        if host.is_empty() {
-            host.push(0);
-        }
-        CudaStepMeta {
-            buf: check("step metadata", self.inner.stream.clone_htod(&host)),
-            token_ids,
-            positions,
-            slot_mapping,
-            seqs,
-            block_tables,
-            logits_rows,
-            num_tokens: meta.num_tokens(),
-            num_seqs: meta.seqs.len(),
-            decode_only: meta.seqs.iter().all(|s| s.query_len == 1),
-            longest: meta
-                .seqs
-                .iter()
-                .map(|s| s.total_len() as usize)
-                .max()
-                .unwrap_or(0),
-            max_query: meta
-                .seqs
-                .iter()
-                .map(|s| s.query_len as usize)
-                .max()
-                .unwrap_or(0),
-            block_size: meta.block_size as usize,
-        }
+        let (host, with_buf) = pack(meta);
+        with_buf(check("step metadata", self.inner.stream.clone_htod(&host)))
     }
 
     fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
@@ -948,6 +1052,182 @@ impl Backend for CudaBackend {
         let mut ids = check("download tokens", self.inner.stream.clone_dtoh(&out));
         ids.truncate(rows);
         ids
+    }
+}
+
+/// A captured step. cudarc's graph is not `Send` because CUDA graphs must not be used from
+/// two threads at once; a [`GraphExecutor`] owns its graphs and uses them only inside
+/// [`Backend::run_step`], one step at a time.
+struct StepGraph(cudarc::driver::CudaGraph);
+
+// SAFETY: see above; the executor moves to its rank thread once and never shares the graph.
+unsafe impl Send for StepGraph {}
+
+/// Batch sizes decode steps are captured at; a step is padded up to the next one.
+pub const GRAPH_BATCHES: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
+
+/// One captured decode step and the fixed buffers it reads and writes.
+struct Captured {
+    graph: StepGraph,
+    meta: CudaStepMeta,
+    logits: CudaTensor,
+}
+
+/// Runs a rank's steps on the CUDA backend, replaying pure decode steps from CUDA graphs
+/// captured at fixed batch sizes ([`GRAPH_BATCHES`]): one launch per step instead of a few
+/// hundred. A step of `b` sequences runs the graph for the next batch size up, the extra rows
+/// being dummy sequences that write a scratch KV block no request owns; attention is split for
+/// the model's longest sequence. Other steps (prefill, mixed, larger batches) run op by op.
+/// If a capture fails, the executor says why once and runs every step op by op.
+pub struct GraphExecutor {
+    model: crate::model::LlamaModel<CudaBackend>,
+    cache: CudaKvCache,
+    scratch_block: u32,
+    max_blocks: usize,
+    graphs: HashMap<usize, Captured>,
+    disabled: bool,
+}
+
+impl GraphExecutor {
+    /// An executor with a fresh cache of `num_blocks` blocks (plus the scratch block).
+    pub fn new(
+        model: crate::model::LlamaModel<CudaBackend>,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Self {
+        let cache = model
+            .backend
+            .alloc_kv_cache(model.kv_layout(num_blocks + 1, block_size));
+        let max_blocks = model.spec.max_model_len.div_ceil(block_size);
+        Self {
+            model,
+            cache,
+            scratch_block: num_blocks as u32,
+            max_blocks,
+            graphs: HashMap::new(),
+            disabled: false,
+        }
+    }
+
+    /// Batch sizes captured so far.
+    pub fn captured(&self) -> Vec<usize> {
+        let mut b: Vec<usize> = self.graphs.keys().copied().collect();
+        b.sort_unstable();
+        b
+    }
+
+    /// The graph batch size for `meta`, if it is a decode step a graph can run.
+    fn bucket(&self, meta: &StepMetadata) -> Option<usize> {
+        let b = meta.seqs.len();
+        let decode = meta.seqs.iter().enumerate().all(|(i, s)| {
+            s.query_len == 1
+                && s.query_start as usize == i
+                && (s.block_table_len as usize) <= self.max_blocks
+        });
+        let samples_each = meta.logits_rows.len() == b
+            && meta
+                .logits_rows
+                .iter()
+                .enumerate()
+                .all(|(i, &r)| r as usize == i);
+        if self.disabled || b == 0 || !decode || !samples_each {
+            return None;
+        }
+        GRAPH_BATCHES.iter().copied().find(|&g| g >= b)
+    }
+
+    /// `meta` padded to `bucket` sequences with block tables at a fixed stride.
+    fn pad(&self, meta: &StepMetadata, bucket: usize) -> StepMetadata {
+        let bs = meta.block_size;
+        let mut p = StepMetadata {
+            block_size: bs,
+            ..StepMetadata::default()
+        };
+        for i in 0..bucket {
+            let (token, pos, slot, context, table): (u32, u32, u32, u32, Vec<u32>) =
+                match meta.seqs.get(i) {
+                    Some(s) => {
+                        let row = s.query_start as usize;
+                        (
+                            meta.token_ids[row],
+                            meta.positions[row],
+                            meta.slot_mapping[row],
+                            s.context_len,
+                            meta.block_table(s).to_vec(),
+                        )
+                    }
+                    None => (0, 0, self.scratch_block * bs, 0, vec![self.scratch_block]),
+                };
+            p.token_ids.push(token);
+            p.positions.push(pos);
+            p.slot_mapping.push(slot);
+            p.seqs.push(SeqSlice {
+                query_start: i as u32,
+                query_len: 1,
+                context_len: context,
+                block_table_start: (i * self.max_blocks) as u32,
+                block_table_len: table.len() as u32,
+            });
+            let pad = self.max_blocks - table.len();
+            p.block_tables.extend(table);
+            p.block_tables
+                .extend(std::iter::repeat_n(self.scratch_block, pad));
+            p.logits_rows.push(i as u32);
+        }
+        p
+    }
+
+    fn capture(&mut self, bucket: usize, padded: &StepMetadata) -> Result<(), String> {
+        let backend = self.model.backend.clone();
+        let longest = self.max_blocks * padded.block_size as usize;
+        let meta = backend.fixed_meta(padded, longest);
+        // Once op by op first: cuBLAS picks its kernels and the pool grows outside capture.
+        drop(self.model.forward_prepared(&mut self.cache, &meta));
+        let mut logits = backend.tensor(bucket, self.model.spec.vocab_size);
+        let (model, cache) = (&self.model, &mut self.cache);
+        let graph = backend.capture(|| model.forward_prepared(cache, &meta), &mut logits)?;
+        self.graphs.insert(
+            bucket,
+            Captured {
+                graph,
+                meta,
+                logits,
+            },
+        );
+        Ok(())
+    }
+}
+
+impl crate::executor::Executor for GraphExecutor {
+    fn execute(&mut self, meta: &StepMetadata, slots: &mut [SamplingSlot]) -> Vec<u32> {
+        if meta.num_tokens() == 0 {
+            return Vec::new();
+        }
+        let backend = self.model.backend.clone();
+        backend.run_step(|| {
+            let Some(bucket) = self.bucket(meta) else {
+                let logits = self.model.forward_in_step(&mut self.cache, meta);
+                return if slots.is_empty() {
+                    Vec::new()
+                } else {
+                    backend.sample(&logits, slots)
+                };
+            };
+            let padded = self.pad(meta, bucket);
+            if !self.graphs.contains_key(&bucket)
+                && let Err(why) = self.capture(bucket, &padded)
+            {
+                tracing::warn!("CUDA graphs off for this rank: {why}; steps run op by op");
+                self.disabled = true;
+                let logits = self.model.forward_in_step(&mut self.cache, meta);
+                return backend.sample(&logits, slots);
+            }
+            let c = self.graphs.get_mut(&bucket).expect("captured above");
+            backend.refill_meta(&mut c.meta, &padded);
+            backend.replay(&c.graph);
+            let rows = backend.first_rows(&c.logits, meta.seqs.len());
+            backend.sample(&rows, slots)
+        })
     }
 }
 

@@ -208,11 +208,17 @@ impl<B: Backend> LlamaModel<B> {
 
     /// [`LlamaModel::forward`] for a caller already inside [`Backend::run_step`].
     pub(crate) fn forward_in_step(&self, cache: &mut B::KvCache, meta: &StepMetadata) -> B::Tensor {
+        let m = self.backend.prepare_step(meta);
+        self.forward_prepared(cache, &m)
+    }
+
+    /// [`LlamaModel::forward`] over step metadata the backend already holds (a CUDA graph
+    /// replays this with the metadata in fixed device buffers), on the calling thread.
+    pub fn forward_prepared(&self, cache: &mut B::KvCache, m: &B::StepMeta) -> B::Tensor {
         let b = &self.backend;
         let w = &*self.weights;
         let s = &self.spec;
-        let m = b.prepare_step(meta);
-        let mut x = b.embedding(&w.embed, &m);
+        let mut x = b.embedding(&w.embed, m);
         for (i, l) in w.layers.iter().enumerate() {
             let h = b.rms_norm(&x, &l.attn_norm, s.rms_norm_eps);
             let [mut q, mut k, v] = b.matmul_n(&h, [&l.wq, &l.wk, &l.wv]);
@@ -220,7 +226,7 @@ impl<B: Backend> LlamaModel<B> {
                 &mut q,
                 &w.rope_cos,
                 &w.rope_sin,
-                &m,
+                m,
                 s.num_heads,
                 s.rope_style,
             );
@@ -228,14 +234,14 @@ impl<B: Backend> LlamaModel<B> {
                 &mut k,
                 &w.rope_cos,
                 &w.rope_sin,
-                &m,
+                m,
                 s.num_kv_heads,
                 s.rope_style,
             );
             // Every token's K/V is written before any attention reads, so a sequence in this
             // batch may attend to blocks another sequence fills in the same step.
-            b.write_kv(cache, i, &k, &v, &m);
-            let attn = b.paged_attention(&q, cache, i, &m, s.num_heads);
+            b.write_kv(cache, i, &k, &v, m);
+            let attn = b.paged_attention(&q, cache, i, m, s.num_heads);
             b.add_assign(&mut x, &b.matmul(&attn, &l.wo));
             let h = b.rms_norm(&x, &l.ffn_norm, s.rms_norm_eps);
             let [gate, up] = b.matmul_n(&h, [&l.w_gate, &l.w_up]);
@@ -243,7 +249,7 @@ impl<B: Backend> LlamaModel<B> {
             b.add_assign(&mut x, &b.matmul(&act, &l.w_down));
         }
         // Only rows that sample need the (vocab-wide) output head.
-        let last = b.gather_logits_rows(&x, &m);
+        let last = b.gather_logits_rows(&x, m);
         let last = b.rms_norm(&last, &w.final_norm, s.rms_norm_eps);
         b.matmul(&last, w.lm_head.as_ref().unwrap_or(&w.embed))
     }
