@@ -88,6 +88,9 @@ const ROW_THREADS: u32 = 256;
 const ATTENTION_THREADS: u32 = 128;
 /// Threads per block of the sampling kernels.
 const SAMPLING_THREADS: u32 = 1024;
+/// Keys per decode-attention split in a captured graph, which cannot size its splits per step:
+/// a graph splits for the model's longest sequence, and splits past a shorter one end at once.
+const GRAPH_PARTITION: usize = 512;
 /// Bytes of cuBLAS workspace (what cuBLAS asks for on Hopper).
 const BLAS_WORKSPACE: usize = 32 << 20;
 /// Keys below which a decode split is not worth its merge.
@@ -199,6 +202,8 @@ pub struct CudaStepMeta {
     num_seqs: usize,
     /// Every sequence computes one token (a pure decode step).
     decode_only: bool,
+    /// Keys per decode-attention split, fixed for a graph (else chosen per step).
+    fixed_partition: Option<usize>,
     /// Most tokens any sequence attends to.
     longest: usize,
     /// Most new tokens of any sequence.
@@ -377,6 +382,7 @@ impl CudaBackend {
     fn fixed_meta(&self, meta: &StepMetadata, longest: usize) -> CudaStepMeta {
         let mut m = self.prepare_step(meta);
         m.longest = longest;
+        m.fixed_partition = Some(GRAPH_PARTITION);
         m
     }
 
@@ -399,6 +405,8 @@ impl CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<StepGraph, String> {
         let stream = &self.inner.stream;
+        // An error recorded earlier (e.g. by a free) would fail begin/end_capture's own checks.
+        let _ = stream.context().check_err();
         stream
             .begin_capture(
                 cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -408,9 +416,30 @@ impl CudaBackend {
             let result = step();
             check("copy logits", stream.memcpy_dtod(&result.buf, &mut out.buf));
         }));
+        // A failed op invalidates the capture, and the frees after it record errors that would
+        // keep end_capture from ending it: clear them, end it, and if that still fails end it
+        // directly, so the stream can run the step op by op.
+        let _ = stream.context().check_err();
         let graph = stream.end_capture(
             cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
         );
+        if graph.is_err() {
+            // SAFETY: ends this stream's capture (if any); a returned graph is destroyed unused.
+            unsafe {
+                if let Ok(g) = cudarc::driver::result::stream::end_capture(stream.cu_stream())
+                    && !g.is_null()
+                {
+                    let _ = cudarc::driver::result::graph::destroy(g);
+                }
+            }
+            let _ = stream.context().check_err();
+        }
+        let capturing = stream
+            .capture_status()
+            .map_err(|e| format!("capture status: {e}"))?;
+        if capturing != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            panic!("the CUDA stream is still capturing after a failed capture ({capturing:?})");
+        }
         if let Err(panic) = recorded {
             let why = panic
                 .downcast_ref::<String>()
@@ -535,13 +564,17 @@ impl CudaBackend {
         let l = cache.layout;
         let group = num_heads / l.num_kv_heads;
         let mut out = self.tensor(q.rows, q.cols);
-        let splits = decode_splits(l.num_kv_heads * meta.num_seqs, self.inner.sms, meta.longest);
-        let partition = if splits > 1 {
-            meta.longest
-                .div_ceil(splits)
-                .next_multiple_of(ballast_kernels::ATTENTION_KV_TILE)
-        } else {
-            0
+        let (splits, partition) = match meta.fixed_partition {
+            Some(p) => (meta.longest.div_ceil(p).max(1), p),
+            None => {
+                let splits =
+                    decode_splits(l.num_kv_heads * meta.num_seqs, self.inner.sms, meta.longest);
+                let partition = meta
+                    .longest
+                    .div_ceil(splits)
+                    .next_multiple_of(ballast_kernels::ATTENTION_KV_TILE);
+                (splits, if splits > 1 { partition } else { 0 })
+            }
         };
         // Recompute so no split is empty after rounding the partition up.
         let splits = if splits > 1 {
@@ -740,6 +773,7 @@ fn pack(meta: &StepMetadata) -> (Vec<u32>, impl FnOnce(CudaSlice<u32>) -> CudaSt
         num_tokens,
         num_seqs,
         decode_only,
+        fixed_partition: None,
         longest,
         max_query,
         block_size,
@@ -1181,7 +1215,7 @@ impl GraphExecutor {
         let backend = self.model.backend.clone();
         let longest = self.max_blocks * padded.block_size as usize;
         let meta = backend.fixed_meta(padded, longest);
-        // Once op by op first: cuBLAS picks its kernels and the pool grows outside capture.
+        // Once op by op first, so cuBLAS picks its kernels and loads them outside capture.
         drop(self.model.forward_prepared(&mut self.cache, &meta));
         let mut logits = backend.tensor(bucket, self.model.spec.vocab_size);
         let (model, cache) = (&self.model, &mut self.cache);
@@ -1205,7 +1239,12 @@ impl crate::executor::Executor for GraphExecutor {
         }
         let backend = self.model.backend.clone();
         backend.run_step(|| {
-            let Some(bucket) = self.bucket(meta) else {
+            let bucket = if slots.is_empty() {
+                None
+            } else {
+                self.bucket(meta)
+            };
+            let Some(bucket) = bucket else {
                 let logits = self.model.forward_in_step(&mut self.cache, meta);
                 return if slots.is_empty() {
                     Vec::new()
