@@ -86,12 +86,64 @@ pub struct InferenceServiceSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelSpec {
-    /// `synthetic:NAME`, a `.gguf` path, or a Hugging Face style directory.
+    /// `synthetic:NAME`, a model name the Ballast engine knows (`smollm2-135m`), a `.gguf`
+    /// path, or a Hugging Face style directory.
     #[x_kube(validation = kube::core::Rule::new("self != ''").message("model.source must not be empty"))]
     pub source: String,
     /// The `model` name clients send; defaults to the resource's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_name: Option<String>,
+    /// Where the model files come from (Kubernetes only): a volume mounted read-only at
+    /// `/models` in every engine pod, which is also the Ballast engine's model cache
+    /// (`BALLAST_MODEL_CACHE`), so `source` may be a path under `/models` or a model name
+    /// the engine knows. Unset: no volume; `source` must exist in the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<ModelVolumeSpec>,
+}
+
+/// The volume holding the model files: exactly one of a PersistentVolumeClaim and a
+/// directory on the node. Either is mounted read-only; the files must be readable by the
+/// engine's user (65532).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("has(self.persistentVolumeClaim) != has(self.hostPath)").message(MODEL_VOLUME_ONE_OF))]
+pub struct ModelVolumeSpec {
+    /// Name of a PersistentVolumeClaim in the resource's namespace. With more than one
+    /// replica it must allow several readers (`ReadOnlyMany`, or `ReadWriteMany`), or every
+    /// pod must land on one node (`ReadWriteOnce`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // maxLength bounds the API server's cost estimate of the regular expression.
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message(MODEL_VOLUME_CLAIM_NAME))]
+    pub persistent_volume_claim: Option<String>,
+    /// An absolute path to a directory that already exists on every node the engine pods
+    /// may run on (a `hostPath` volume of type `Directory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.startsWith('/')").message(MODEL_VOLUME_HOST_PATH))]
+    pub host_path: Option<String>,
+}
+
+/// Where an engine pod mounts [`ModelSpec::volume`], and the model cache it points the
+/// Ballast engine at.
+pub const MODEL_MOUNT_PATH: &str = "/models";
+
+const MODEL_VOLUME_ONE_OF: &str =
+    "model.volume needs exactly one of persistentVolumeClaim and hostPath";
+const MODEL_VOLUME_CLAIM_NAME: &str =
+    "model.volume.persistentVolumeClaim must be a DNS subdomain name";
+const MODEL_VOLUME_HOST_PATH: &str = "model.volume.hostPath must be an absolute path";
+
+/// Whether `name` is a DNS subdomain name (RFC 1123), what object names such as a
+/// PersistentVolumeClaim's must be; the same rule as the CRD's CEL pattern.
+fn is_dns_subdomain(name: &str) -> bool {
+    let b = name.as_bytes();
+    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.';
+    let end = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 253
+        && b.first().is_some_and(end)
+        && b.last().is_some_and(end)
+        && b.iter().all(inner)
 }
 
 /// Which server runs in each replica.
@@ -703,6 +755,22 @@ impl InferenceServiceSpec {
             !self.model.source.is_empty(),
             "model.source must not be empty",
         );
+        if let Some(v) = &self.model.volume {
+            check(
+                v.persistent_volume_claim.is_some() != v.host_path.is_some(),
+                MODEL_VOLUME_ONE_OF,
+            );
+            check(
+                v.persistent_volume_claim
+                    .as_deref()
+                    .is_none_or(is_dns_subdomain),
+                MODEL_VOLUME_CLAIM_NAME,
+            );
+            check(
+                v.host_path.as_deref().is_none_or(|p| p.starts_with('/')),
+                MODEL_VOLUME_HOST_PATH,
+            );
+        }
         check(
             self.replicas.is_none_or(|r| r >= 0),
             "replicas must not be negative",

@@ -1,7 +1,9 @@
 //! Every example manifest parses, validates, and survives a serde round trip; bad specs
 //! are refused with the CRD's own messages.
 
-use ballast_crds::{InferenceService, InferenceServiceSpec, PolicyType, parse_yaml};
+use ballast_crds::{
+    InferenceService, InferenceServiceSpec, ModelVolumeSpec, PolicyType, parse_yaml,
+};
 
 fn examples() -> Vec<(String, Vec<InferenceService>)> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
@@ -146,6 +148,39 @@ fn bad_specs_are_refused_with_the_crd_messages() {
             Box::new(|s| s.model.source.clear()),
             "model.source must not be empty",
         ),
+        (
+            Box::new(|s| {
+                s.model.volume = Some(ModelVolumeSpec {
+                    persistent_volume_claim: Some("models".into()),
+                    host_path: Some("/srv/models".into()),
+                })
+            }),
+            "model.volume needs exactly one of persistentVolumeClaim and hostPath",
+        ),
+        (
+            Box::new(|s| s.model.volume = Some(ModelVolumeSpec::default())),
+            "model.volume needs exactly one of persistentVolumeClaim and hostPath",
+        ),
+        (
+            Box::new(|s| s.model.volume = Some(claim(""))),
+            "model.volume.persistentVolumeClaim must be a DNS subdomain name",
+        ),
+        (
+            Box::new(|s| s.model.volume = Some(claim("Models"))),
+            "model.volume.persistentVolumeClaim must be a DNS subdomain name",
+        ),
+        (
+            Box::new(|s| s.model.volume = Some(claim("models-"))),
+            "model.volume.persistentVolumeClaim must be a DNS subdomain name",
+        ),
+        (
+            Box::new(|s| s.model.volume = Some(host_path(""))),
+            "model.volume.hostPath must be an absolute path",
+        ),
+        (
+            Box::new(|s| s.model.volume = Some(host_path("srv/models"))),
+            "model.volume.hostPath must be an absolute path",
+        ),
     ];
     for (mutate, message) in cases {
         let mut s = base();
@@ -158,4 +193,27 @@ fn bad_specs_are_refused_with_the_crd_messages() {
         );
     }
     assert_eq!(base().validate(), Ok(()));
+    for volume in [
+        claim("models"),
+        claim("llm.models-0"),
+        host_path("/srv/models"),
+    ] {
+        let mut s = base();
+        s.model.volume = Some(volume.clone());
+        assert_eq!(s.validate(), Ok(()), "{volume:?}");
+    }
+}
+
+fn claim(name: &str) -> ModelVolumeSpec {
+    ModelVolumeSpec {
+        persistent_volume_claim: Some(name.into()),
+        host_path: None,
+    }
+}
+
+fn host_path(path: &str) -> ModelVolumeSpec {
+    ModelVolumeSpec {
+        persistent_volume_claim: None,
+        host_path: Some(path.into()),
+    }
 }

@@ -1,7 +1,8 @@
 //! Reconcile against kube's mock service (tower-test): a small in-memory API server answers
 //! every request the reconciler makes and records it, and each scenario checks the calls
 //! and the bodies written — create, a no-op on an unchanged spec, the status patch, the
-//! scale-subresource path, an invalid spec, and an API error with its backoff.
+//! scale-subresource path, an invalid spec, a model volume, and an API error with its
+//! backoff.
 //!
 //! The real API server (admission, CEL, server-side apply semantics) is the e2e suite's
 //! job; here every request is checked for method, path, parameters and content.
@@ -378,6 +379,67 @@ async fn an_invalid_spec_waits_for_a_change_with_a_condition() {
         (c.status.as_str(), c.reason.as_str()),
         ("False", "SpecValid")
     );
+}
+
+#[tokio::test]
+async fn a_model_volume_is_checked_then_mounted() {
+    // Table: (spec.model.volume, a word the InvalidSpec message must have, or None if valid).
+    let cases = [
+        (
+            "{persistentVolumeClaim: models, hostPath: /srv/models}",
+            Some("exactly one of persistentVolumeClaim and hostPath"),
+        ),
+        ("{}", Some("exactly one of")),
+        (
+            "{persistentVolumeClaim: ''}",
+            Some("model.volume.persistentVolumeClaim"),
+        ),
+        ("{hostPath: ''}", Some("model.volume.hostPath")),
+        ("{persistentVolumeClaim: models}", None),
+    ];
+    for (volume, error) in cases {
+        let server = Shared::default();
+        let i = isvc(&format!(
+            "{{model: {{source: smollm2-135m, volume: {volume}}}}}"
+        ));
+        store(&server, &i);
+        reconcile(Arc::new(i), context(&server)).await.unwrap();
+        let w = writes(&server);
+        let Some(error) = error else {
+            let pod = &write_to(&w, DEPLOYMENT).body["spec"]["template"]["spec"];
+            assert_eq!(
+                pod["volumes"][1],
+                json!({"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": true}}),
+                "{volume}"
+            );
+            let c = &pod["containers"][0];
+            assert_eq!(
+                c["volumeMounts"][1],
+                json!({"name": "models", "mountPath": "/models", "readOnly": true})
+            );
+            assert!(
+                c["env"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!({"name": "BALLAST_MODEL_CACHE", "value": "/models"})),
+                "{}",
+                c["env"]
+            );
+            continue;
+        };
+        assert!(
+            w.iter().all(|c| c.path != DEPLOYMENT),
+            "{volume}: nothing is built from an invalid spec"
+        );
+        let status = stored(&server).status.unwrap();
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .unwrap();
+        assert_eq!(c.reason, "InvalidSpec", "{volume}");
+        assert!(c.message.contains(error), "{volume}: {}", c.message);
+    }
 }
 
 #[tokio::test]

@@ -6,13 +6,13 @@
 //! apply under one field manager, and compared with the live object field by field (see
 //! `apply`), so what the API server defaults is never fought over.
 
-use ballast_crds::{EngineKind, InferenceService};
+use ballast_crds::{EngineKind, InferenceService, MODEL_MOUNT_PATH};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PodReadinessGate, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
-    Volume, VolumeMount,
+    HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource,
+    PodReadinessGate, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -213,7 +213,36 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             ..EnvVar::default()
         },
     ];
+    let models = model_volume(isvc);
+    // The engine resolves known model names in its cache; a variable the user sets in
+    // `engine.env` wins (and must not appear twice: env is a list keyed by name).
+    if models.is_some() && !e.env.iter().any(|v| v.name == MODEL_CACHE_ENV) {
+        env.push(EnvVar {
+            name: MODEL_CACHE_ENV.into(),
+            value: Some(MODEL_MOUNT_PATH.into()),
+            ..EnvVar::default()
+        });
+    }
     env.extend(e.env.iter().cloned());
+    let mut volume_mounts = vec![VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..VolumeMount::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    }];
+    if let Some(models) = models {
+        volume_mounts.push(VolumeMount {
+            name: models.name.clone(),
+            mount_path: MODEL_MOUNT_PATH.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(models);
+    }
     let resources = (e.resources != Default::default()).then(|| e.resources.clone());
     let container = Container {
         name: "engine".into(),
@@ -254,11 +283,7 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             }),
             ..SecurityContext::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "tmp".into(),
-            mount_path: "/tmp".into(),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(volume_mounts),
         ..Container::default()
     };
     let selector = labels::selector_labels(&name);
@@ -281,11 +306,7 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             }),
             ..PodSecurityContext::default()
         }),
-        volumes: Some(vec![Volume {
-            name: "tmp".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        }]),
+        volumes: Some(volumes),
         ..PodSpec::default()
     };
     Ok(Deployment {
@@ -315,6 +336,35 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
         }),
         status: None,
     })
+}
+
+/// The variable the Ballast engine reads its model cache directory from.
+pub const MODEL_CACHE_ENV: &str = "BALLAST_MODEL_CACHE";
+
+/// The `models` volume `spec.model.volume` names, read-only, or `None` without one. The
+/// spec was validated first (exactly one source); should both be set anyway, the claim wins.
+fn model_volume(isvc: &InferenceService) -> Option<Volume> {
+    let v = isvc.spec.model.volume.as_ref()?;
+    let mut volume = Volume {
+        name: "models".into(),
+        ..Volume::default()
+    };
+    if let Some(claim) = &v.persistent_volume_claim {
+        volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.clone(),
+            read_only: Some(true),
+        });
+    } else if let Some(path) = &v.host_path {
+        volume.host_path = Some(HostPathVolumeSource {
+            path: path.clone(),
+            // Must exist: a typo fails the pod with a clear event instead of mounting a
+            // new empty directory.
+            type_: Some("Directory".into()),
+        });
+    } else {
+        return None;
+    }
+    Some(volume)
 }
 
 /// The Service in front of the pods (its endpoints are the pods whose accepting gate is
@@ -512,6 +562,97 @@ spec:
         );
         let mounts = container(&d).volume_mounts.as_ref().unwrap();
         assert_eq!(mounts[0].mount_path, "/tmp", "a writable /tmp");
+    }
+
+    fn pod(d: &Deployment) -> &PodSpec {
+        d.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+    }
+
+    fn model_isvc(model: &str, engine: &str) -> InferenceService {
+        let mut i = isvc(engine);
+        i.spec.model = serde_json::from_str::<Value>(model)
+            .and_then(serde_json::from_value)
+            .unwrap();
+        i
+    }
+
+    fn env_value<'a>(c: &'a Container, name: &str) -> Vec<Option<&'a str>> {
+        c.env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|v| v.name == name)
+            .map(|v| v.value.as_deref())
+            .collect()
+    }
+
+    #[test]
+    fn a_model_volume_is_mounted_read_only_as_the_model_cache() {
+        // Table: (spec.model, the volume's source as JSON).
+        let cases = [
+            (
+                r#"{"source": "smollm2-135m", "volume": {"persistentVolumeClaim": "models"}}"#,
+                json!({"persistentVolumeClaim": {"claimName": "models", "readOnly": true}}),
+            ),
+            (
+                r#"{"source": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "volume": {"hostPath": "/srv/models"}}"#,
+                json!({"hostPath": {"path": "/srv/models", "type": "Directory"}}),
+            ),
+        ];
+        for (model, want) in cases {
+            let i = model_isvc(model, "{}");
+            let d = deployment(&input(&i)).unwrap();
+            let volumes = pod(&d).volumes.as_ref().unwrap();
+            assert_eq!(volumes.len(), 2, "{model}: /tmp and the models");
+            let models = volumes.iter().find(|v| v.name == "models").unwrap();
+            let mut got = serde_json::to_value(models).unwrap();
+            got.as_object_mut().unwrap().remove("name");
+            assert_eq!(got, want, "{model}");
+
+            let c = container(&d);
+            let mount = c
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|m| m.name == "models")
+                .unwrap_or_else(|| panic!("{model}: no mount"));
+            assert_eq!(mount.mount_path, MODEL_MOUNT_PATH);
+            assert_eq!(mount.read_only, Some(true), "{model}");
+            assert_eq!(env_value(c, MODEL_CACHE_ENV), [Some(MODEL_MOUNT_PATH)]);
+            // The source reaches the engine unchanged; the engine resolves it there.
+            let args = c.args.as_ref().unwrap();
+            let source = &args[args.iter().position(|a| a == "--model").unwrap() + 1];
+            assert_eq!(source, &i.spec.model.source);
+        }
+    }
+
+    #[test]
+    fn without_a_model_volume_nothing_is_mounted() {
+        let d = deployment(&input(&isvc("{}"))).unwrap();
+        let names: Vec<&str> = pod(&d)
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(names, ["tmp"]);
+        assert_eq!(container(&d).volume_mounts.as_ref().unwrap().len(), 1);
+        assert!(env_value(container(&d), MODEL_CACHE_ENV).is_empty());
+    }
+
+    #[test]
+    fn the_users_model_cache_variable_wins_and_is_not_repeated() {
+        let i = model_isvc(
+            r#"{"source": "smollm2-135m", "volume": {"hostPath": "/srv/models"}}"#,
+            "{env: [{name: BALLAST_MODEL_CACHE, value: /models/cache}]}",
+        );
+        let d = deployment(&input(&i)).unwrap();
+        assert_eq!(
+            env_value(container(&d), MODEL_CACHE_ENV),
+            [Some("/models/cache")]
+        );
     }
 
     #[test]
