@@ -32,6 +32,29 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Appends one sequence to a step: `new` tokens on top of `context` cached ones, its KV on
+/// consecutive blocks from `first_block`, sampling from its last row.
+fn push_seq(meta: &mut StepMetadata, first_block: u32, new: &[u32], context: u32) {
+    let query_start = meta.token_ids.len() as u32;
+    for (j, &tok) in new.iter().enumerate() {
+        let pos = context + j as u32;
+        meta.token_ids.push(tok);
+        meta.positions.push(pos);
+        meta.slot_mapping
+            .push((first_block + pos / BLOCK) * BLOCK + pos % BLOCK);
+    }
+    let blocks = (context + new.len() as u32).div_ceil(BLOCK);
+    meta.seqs.push(SeqSlice {
+        query_start,
+        query_len: new.len() as u32,
+        context_len: context,
+        block_table_start: meta.block_tables.len() as u32,
+        block_table_len: blocks,
+    });
+    meta.block_tables.extend(first_block..first_block + blocks);
+    meta.logits_rows.push(query_start + new.len() as u32 - 1);
+}
+
 /// A step of `seqs` sequences, each `(context, new)` tokens, on disjoint runs of blocks;
 /// every sequence samples from its last row.
 fn step_meta(seqs: &[(u32, u32)], rng: &mut SplitMix64, vocab: u32) -> StepMetadata {
@@ -41,26 +64,11 @@ fn step_meta(seqs: &[(u32, u32)], rng: &mut SplitMix64, vocab: u32) -> StepMetad
     };
     let mut next_block = 0u32;
     for &(context, new) in seqs {
-        let total = context + new;
-        let blocks = total.div_ceil(BLOCK);
-        let first = next_block;
-        next_block += blocks;
-        let query_start = meta.token_ids.len() as u32;
-        for pos in context..total {
-            meta.token_ids.push(rng.below(u64::from(vocab)) as u32);
-            meta.positions.push(pos);
-            meta.slot_mapping
-                .push((first + pos / BLOCK) * BLOCK + pos % BLOCK);
-        }
-        meta.seqs.push(SeqSlice {
-            query_start,
-            query_len: new,
-            context_len: context,
-            block_table_start: meta.block_tables.len() as u32,
-            block_table_len: blocks,
-        });
-        meta.block_tables.extend(first..first + blocks);
-        meta.logits_rows.push(query_start + new - 1);
+        let tokens: Vec<u32> = (0..new)
+            .map(|_| rng.below(u64::from(vocab)) as u32)
+            .collect();
+        push_seq(&mut meta, next_block, &tokens, context);
+        next_block += (context + new).div_ceil(BLOCK);
     }
     meta
 }
@@ -294,28 +302,8 @@ fn greedy<B: Backend>(
                 (_, Some(f)) => vec![f[i][step - 1]],
                 (_, None) => vec![*out[i].last().unwrap()],
             };
-            let context = lens[i];
-            let first = i as u32 * per_seq;
-            let query_start = meta.token_ids.len() as u32;
-            for (j, &tok) in new.iter().enumerate() {
-                let pos = context + j as u32;
-                meta.token_ids.push(tok);
-                meta.positions.push(pos);
-                meta.slot_mapping
-                    .push((first + pos / BLOCK) * BLOCK + pos % BLOCK);
-            }
-            let total = context + new.len() as u32;
-            meta.seqs.push(SeqSlice {
-                query_start,
-                query_len: new.len() as u32,
-                context_len: context,
-                block_table_start: meta.block_tables.len() as u32,
-                block_table_len: total.div_ceil(BLOCK),
-            });
-            meta.block_tables
-                .extend(first..first + total.div_ceil(BLOCK));
-            meta.logits_rows.push(query_start + new.len() as u32 - 1);
-            lens[i] = total;
+            push_seq(&mut meta, i as u32 * per_seq, &new, lens[i]);
+            lens[i] += new.len() as u32;
         }
         let logits = model.forward(&mut cache, &meta);
         all_logits.push(model.backend.download(&logits));
@@ -425,27 +413,8 @@ fn run_schedule(
             } else {
                 vec![*out[i].last().unwrap()]
             };
-            let first = i as u32 * blocks_per_seq;
-            let query_start = meta.token_ids.len() as u32;
-            for (j, &tok) in new.iter().enumerate() {
-                let pos = lens[i] + j as u32;
-                meta.token_ids.push(tok);
-                meta.positions.push(pos);
-                meta.slot_mapping
-                    .push((first + pos / BLOCK) * BLOCK + pos % BLOCK);
-            }
-            let total = lens[i] + new.len() as u32;
-            meta.seqs.push(SeqSlice {
-                query_start,
-                query_len: new.len() as u32,
-                context_len: lens[i],
-                block_table_start: meta.block_tables.len() as u32,
-                block_table_len: total.div_ceil(BLOCK),
-            });
-            meta.block_tables
-                .extend(first..first + total.div_ceil(BLOCK));
-            meta.logits_rows.push(query_start + new.len() as u32 - 1);
-            lens[i] = total;
+            push_seq(&mut meta, i as u32 * blocks_per_seq, &new, lens[i]);
+            lens[i] += new.len() as u32;
         }
         let mut slots: Vec<SamplingSlot> = active.iter().map(|_| greedy_slot()).collect();
         for (&i, tok) in active.iter().zip(executor.execute(&meta, &mut slots)) {
