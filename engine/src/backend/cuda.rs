@@ -1066,15 +1066,7 @@ impl Backend for CudaBackend {
             .iter()
             .all(|s| s.spec.is_greedy() && s.suppress.as_ref().is_none_or(|x| x.is_empty()));
         if !argmax_only || rows == 0 {
-            let mut host = self.download(logits);
-            return host
-                .chunks_mut(cols.max(1))
-                .zip(slots.iter_mut())
-                .map(|(row, slot)| {
-                    let suppress = slot.suppress.as_deref().unwrap_or(&[]);
-                    crate::sampling::sample_row(row, &slot.spec, suppress, &mut slot.rng)
-                })
-                .collect();
+            return super::sample_on_host(&mut self.download(logits), cols, slots);
         }
         let mut out = self.alloc::<u32>(rows);
         let c = cols as i32;

@@ -315,13 +315,19 @@ pub trait Backend: Send + Sync + 'static {
     fn sample(&self, logits: &Self::Tensor, slots: &mut [SamplingSlot]) -> Vec<u32> {
         let (rows, cols) = self.shape(logits);
         assert_eq!(rows, slots.len(), "one sampling slot per logits row");
-        let mut host = self.download(logits);
-        host.chunks_mut(cols.max(1))
-            .zip(slots.iter_mut())
-            .map(|(row, slot)| {
-                let suppress = slot.suppress.as_deref().unwrap_or(&[]);
-                crate::sampling::sample_row(row, &slot.spec, suppress, &mut slot.rng)
-            })
-            .collect()
+        sample_on_host(&mut self.download(logits), cols, slots)
     }
+}
+
+/// One token per row of host `logits` (`cols` wide), drawn with each row's sampler and
+/// generator: what [`Backend::sample`] does by default after reading the logits back.
+pub fn sample_on_host(logits: &mut [f32], cols: usize, slots: &mut [SamplingSlot]) -> Vec<u32> {
+    logits
+        .chunks_mut(cols.max(1))
+        .zip(slots.iter_mut())
+        .map(|(row, slot)| {
+            let suppress = slot.suppress.as_deref().unwrap_or(&[]);
+            crate::sampling::sample_row(row, &slot.spec, suppress, &mut slot.rng)
+        })
+        .collect()
 }
