@@ -12,6 +12,11 @@
 //! - **One stream** carries every op; a step's ops queue without waiting, and only reading
 //!   results back (logits or sampled tokens) waits for the device. Ranks sharing one GPU take
 //!   turns by step ([`Backend::run_step`] holds a lock).
+//! - **CUDA graphs** ([`GraphExecutor`], `--cuda-graphs`) replay pure decode steps captured
+//!   at fixed batch sizes, one launch per step instead of several hundred.
+//!
+//! Nothing here has run on a GPU yet: `engine/tests/cuda.rs` holds the GPU tests and
+//! benchmarks, run by `kernels/device-check.sh`.
 //!
 //! A driver error in the middle of a step (a lost device, an out-of-memory) has no sensible
 //! recovery inside an op, so ops panic with the error; creating the backend returns errors.
