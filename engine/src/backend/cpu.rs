@@ -102,7 +102,7 @@ const SKINNY_ROWS: usize = 16;
 /// Which matmul kernel to use; [`MatmulKernel::Auto`] picks by row count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatmulKernel {
-    /// Skinny below [`SKINNY_ROWS`] rows, GEMM above.
+    /// Skinny below 16 rows (`SKINNY_ROWS`), GEMM above.
     Auto,
     /// Stream weight rows against groups of four input rows.
     Skinny,

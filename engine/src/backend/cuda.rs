@@ -708,7 +708,7 @@ impl CudaBackend {
 }
 
 /// How many splits a decode step's attention uses: enough blocks to give every SM about
-/// two, but no split shorter than [`MIN_SPLIT_TOKENS`] keys. `blocks` is kv heads ×
+/// two, but no split shorter than 256 keys. `blocks` is kv heads ×
 /// sequences, the grid without splitting.
 pub fn decode_splits(blocks: usize, sms: usize, longest: usize) -> usize {
     if blocks == 0 || blocks >= sms {
