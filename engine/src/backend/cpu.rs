@@ -250,7 +250,9 @@ impl Backend for CpuBackend {
                     cols,
                 })
             }
-            HostWeight::Quant(q) => CpuWeight::Quant(q),
+            // Repacked into panels where the AVX-512 kernel runs (a copy the size of the
+            // file's blocks; the memory map is then no longer read).
+            HostWeight::Quant(q) => CpuWeight::Quant(q.for_this_cpu()),
         }
     }
 

@@ -19,6 +19,10 @@ use rayon::prelude::*;
 
 use super::cpu::CpuTensor;
 
+mod panel;
+use panel::Panels;
+pub use panel::available as panel_kernel_available;
+
 /// Elements per quantization block.
 pub const BLOCK: usize = 32;
 
@@ -100,7 +104,16 @@ pub struct QuantMatrix {
     pub rows: usize,
     /// Input features (a multiple of [`BLOCK`]).
     pub cols: usize,
-    bytes: SharedBytes,
+    storage: Storage,
+}
+
+/// Where a matrix's blocks are and in which order.
+#[derive(Debug, Clone)]
+enum Storage {
+    /// The file's layout, row after row (usually inside the memory map).
+    Rows(SharedBytes),
+    /// Sixteen rows interleaved per panel for the AVX-512 kernel ([`QuantMatrix::to_panels`]).
+    Panels(Arc<Panels>),
 }
 
 /// Why bytes cannot be a quantized matrix.
@@ -155,8 +168,36 @@ impl QuantMatrix {
             format,
             rows,
             cols,
-            bytes,
+            storage: Storage::Rows(bytes),
         })
+    }
+
+    /// The same matrix repacked into panels of sixteen interleaved rows, which the AVX-512
+    /// VNNI kernel multiplies (see the `panel` module); a copy, the same size as the file's
+    /// blocks. A panel matrix is returned as it is.
+    pub fn to_panels(&self) -> Self {
+        match &self.storage {
+            Storage::Rows(bytes) => Self {
+                storage: Storage::Panels(Arc::new(Panels::pack(self, bytes.as_slice()))),
+                ..self.clone()
+            },
+            Storage::Panels(_) => self.clone(),
+        }
+    }
+
+    /// The layout this CPU multiplies fastest: panels where the AVX-512 kernel runs
+    /// ([`panel_kernel_available`]), otherwise the file's rows, left in place.
+    pub fn for_this_cpu(self) -> Self {
+        if panel::available() {
+            self.to_panels()
+        } else {
+            self
+        }
+    }
+
+    /// Whether the blocks are repacked into panels.
+    pub fn is_panels(&self) -> bool {
+        matches!(self.storage, Storage::Panels(_))
     }
 
     /// Quantizes a row-major `[rows, cols]` f32 matrix the way ggml's reference quantizers
@@ -214,15 +255,22 @@ impl QuantMatrix {
         self.cols / BLOCK * self.format.block_bytes()
     }
 
-    /// The stored bytes.
+    /// The stored bytes, in whichever layout they are.
     pub fn bytes(&self) -> &[u8] {
-        self.bytes.as_slice()
+        match &self.storage {
+            Storage::Rows(bytes) => bytes.as_slice(),
+            Storage::Panels(p) => p.bytes(),
+        }
     }
 
-    /// Row `r` as f32 (the reference dequantization).
+    /// Row `r` as f32 (the reference dequantization; both layouts give the same values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let rows = match &self.storage {
+            Storage::Rows(bytes) => bytes.as_slice(),
+            Storage::Panels(p) => return p.dequantize_row(self.format, r, out),
+        };
         let rb = self.row_bytes();
-        let row = &self.bytes()[r * rb..(r + 1) * rb];
+        let row = &rows[r * rb..(r + 1) * rb];
         for (block, y) in row
             .chunks_exact(self.format.block_bytes())
             .zip(out.chunks_exact_mut(BLOCK))
@@ -268,6 +316,8 @@ pub struct Q8Rows {
     pub d: Vec<f32>,
     /// `d · Σq` of each block.
     pub s: Vec<f32>,
+    /// `Σq` of each block.
+    pub sums: Vec<i32>,
 }
 
 impl Q8Rows {
@@ -280,22 +330,29 @@ impl Q8Rows {
             qs: vec![0; x.data.len()],
             d: vec![0.0; nb],
             s: vec![0.0; nb],
+            sums: vec![0; nb],
         };
         let simd = use_simd(QuantKernel::Auto);
-        let work = |(b, (qs, (d, s))): (usize, (&mut [i8], (&mut f32, &mut f32)))| {
+        type Block<'a> = (&'a mut [i8], ((&'a mut f32, &'a mut f32), &'a mut i32));
+        let work = |(b, (qs, ((d, s), sum))): (usize, Block<'_>)| {
             let src = &x.data[b * BLOCK..(b + 1) * BLOCK];
             match simd {
                 // SAFETY: detect_simd picked the kernel only if the CPU has its features;
                 // `src` and `qs` are one block each.
                 #[cfg(target_arch = "x86_64")]
-                Simd::Vnni | Simd::Avx2 => unsafe { quantize_block_avx2(src, qs, d, s) },
-                Simd::Portable => quantize_block(src, qs, d, s),
+                Simd::Vnni | Simd::Avx2 => unsafe { quantize_block_avx2(src, qs, d, s, sum) },
+                Simd::Portable => quantize_block(src, qs, d, s, sum),
             }
         };
         let blocks = out
             .qs
             .chunks_exact_mut(BLOCK)
-            .zip(out.d.iter_mut().zip(out.s.iter_mut()))
+            .zip(
+                out.d
+                    .iter_mut()
+                    .zip(out.s.iter_mut())
+                    .zip(out.sums.iter_mut()),
+            )
             .enumerate();
         // Prefill chunks quantize hundreds of thousands of values; a decode row is 18 blocks.
         if nb >= 4096 {
@@ -313,9 +370,9 @@ impl Q8Rows {
 }
 
 /// One block of 32 values to 8 bits with scale `d = max|v| / 127`, rounding half to even (as
-/// the SIMD quantizers do), and `d · Σq`: the portable reference. Both scales stay f32 (ggml
+/// the SIMD quantizers do), `d · Σq` and `Σq`: the portable reference. Both scales stay f32 (ggml
 /// rounds them to f16; that bought no closer agreement with llama.cpp, see docs/models.md).
-fn quantize_block(src: &[f32], qs: &mut [i8], d: &mut f32, s: &mut f32) {
+fn quantize_block(src: &[f32], qs: &mut [i8], d: &mut f32, s: &mut f32, total: &mut i32) {
     let amax = src.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let scale = amax / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
@@ -327,16 +384,23 @@ fn quantize_block(src: &[f32], qs: &mut [i8], d: &mut f32, s: &mut f32) {
     }
     *d = scale;
     *s = scale * sum as f32;
+    *total = sum;
 }
 
 /// [`quantize_block`] with AVX2: one block of 32 values to 8 bits (rounding half to
-/// even, as `cvtps2dq` does), its scale and `d · Σq`.
+/// even, as `cvtps2dq` does), its scale, `d · Σq` and `Σq`.
 ///
 /// # Safety
 /// The CPU must support the module's features; `src` and `qs` hold 32 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_block_avx2(src: &[f32], qs: &mut [i8], d: &mut f32, s: &mut f32) {
+unsafe fn quantize_block_avx2(
+    src: &[f32],
+    qs: &mut [i8],
+    d: &mut f32,
+    s: &mut f32,
+    isum: &mut i32,
+) {
     debug_assert!(src.len() >= BLOCK && qs.len() >= BLOCK);
     use std::arch::x86_64::*;
     unsafe {
@@ -367,6 +431,7 @@ unsafe fn quantize_block_avx2(src: &[f32], qs: &mut [i8], d: &mut f32, s: &mut f
         _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, bytes);
         *d = scale;
         *s = scale * sum as f32;
+        *isum = sum;
     }
 }
 
@@ -769,9 +834,13 @@ fn use_simd(kernel: QuantKernel) -> Simd {
     }
 }
 
-/// Name of the integer kernel [`QuantKernel::Auto`] uses on this CPU (for logs and
-/// benchmarks): `avx-vnni`, `avx2` or `portable`.
+/// Name of the integer kernel the engine's weights use on this CPU (for logs and benchmarks):
+/// `avx512-vnni panels` where weights are repacked ([`QuantMatrix::for_this_cpu`]), otherwise
+/// the row-layout kernel [`QuantKernel::Auto`] picks: `avx-vnni`, `avx2` or `portable`.
 pub fn int8_kernel_name() -> &'static str {
+    if panel::available() {
+        return "avx512-vnni panels";
+    }
     match use_simd(QuantKernel::Auto) {
         Simd::Portable => "portable",
         #[cfg(target_arch = "x86_64")]
@@ -819,6 +888,11 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
         return out;
     }
     let ptr = OutPtr(out.data.as_mut_ptr());
+    if let Storage::Panels(p) = &w.storage {
+        let act = Q8Rows::quantize(x);
+        panel::matmuls(&act, &[(w, p, ptr)], kernel == QuantKernel::Portable);
+        return out;
+    }
     let gemm = match kernel {
         QuantKernel::Auto => m >= GEMM_ROWS,
         QuantKernel::Gemm => true,
@@ -871,12 +945,23 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
 /// Several products of the same `x` (Q, K and V; gate and up): `x` is quantized once and
 /// all of them share one parallel pass. Same results as calling [`matmul`] on each.
 pub fn matmul_many(x: &CpuTensor, ws: &[&QuantMatrix], kernel: QuantKernel) -> Vec<CpuTensor> {
-    let int8 = match kernel {
-        QuantKernel::Auto => x.rows < GEMM_ROWS,
-        QuantKernel::Gemm => false,
-        QuantKernel::Int8 | QuantKernel::Portable => true,
+    let panels: Vec<&Arc<Panels>> = ws
+        .iter()
+        .filter_map(|w| match &w.storage {
+            Storage::Panels(p) => Some(p),
+            Storage::Rows(_) => None,
+        })
+        .collect();
+    let together = if panels.is_empty() {
+        match kernel {
+            QuantKernel::Auto => x.rows < GEMM_ROWS,
+            QuantKernel::Gemm => false,
+            QuantKernel::Int8 | QuantKernel::Portable => true,
+        }
+    } else {
+        panels.len() == ws.len()
     };
-    if !int8 || x.rows == 0 {
+    if !together || x.rows == 0 {
         return ws.iter().map(|w| matmul(x, w, kernel)).collect();
     }
     let mut outs: Vec<CpuTensor> = ws
@@ -891,6 +976,16 @@ pub fn matmul_many(x: &CpuTensor, ws: &[&QuantMatrix], kernel: QuantKernel) -> V
         })
         .collect();
     let act = Q8Rows::quantize(x);
+    if !panels.is_empty() {
+        let jobs: Vec<(&QuantMatrix, &Panels, OutPtr)> = ws
+            .iter()
+            .zip(panels)
+            .zip(outs.iter_mut())
+            .map(|((w, p), o)| (*w, &**p, OutPtr(o.data.as_mut_ptr())))
+            .collect();
+        panel::matmuls(&act, &jobs, kernel == QuantKernel::Portable);
+        return outs;
+    }
     let jobs: Vec<(&QuantMatrix, OutPtr)> = ws
         .iter()
         .zip(outs.iter_mut())
@@ -1131,9 +1226,13 @@ mod tests {
             random_matrix(QuantFormat::Q8_0, 17, 64, &mut rng),
             random_matrix(QuantFormat::Q4_0, 300, 64, &mut rng),
         ];
+        let panels = ws.each_ref().map(QuantMatrix::to_panels);
         for m in [1, 5, GEMM_ROWS + 1] {
             let x = random_x(m, 64, &mut rng);
-            for kernel in [QuantKernel::Auto, QuantKernel::Portable] {
+            for (kernel, ws) in [QuantKernel::Auto, QuantKernel::Portable]
+                .into_iter()
+                .flat_map(|k| [(k, &ws), (k, &panels)])
+            {
                 let many = matmul_many(&x, &[&ws[0], &ws[1], &ws[2]], kernel);
                 for (w, got) in ws.iter().zip(&many) {
                     assert_eq!(
@@ -1169,11 +1268,14 @@ mod tests {
         for (n, src) in blocks.iter().enumerate() {
             let (mut want, mut got) = ([0i8; BLOCK], [0i8; BLOCK]);
             let (mut wd, mut ws, mut gd, mut gs) = (0.0, 0.0, 0.0, 0.0);
-            quantize_block(src, &mut want, &mut wd, &mut ws);
+            let (mut wsum, mut gsum) = (0, 0);
+            quantize_block(src, &mut want, &mut wd, &mut ws, &mut wsum);
             // SAFETY: AVX2, FMA and F16C are present (checked above).
-            unsafe { quantize_block_avx2(src, &mut got, &mut gd, &mut gs) };
+            unsafe { quantize_block_avx2(src, &mut got, &mut gd, &mut gs, &mut gsum) };
             assert_eq!(got, want, "block {n}");
-            assert_eq!((gd, gs), (wd, ws), "block {n}");
+            assert_eq!((gd, gs, gsum), (wd, ws, wsum), "block {n}");
+            let total: i32 = want.iter().map(|&q| i32::from(q)).sum();
+            assert_eq!(wsum, total, "block {n}");
         }
     }
 
@@ -1210,9 +1312,111 @@ mod tests {
         };
         // Σ (−128)·(−1) = 4096, exactly representable through every step.
         let want = 4096.0;
+        let panels = w.to_panels();
         for kernel in [QuantKernel::Portable, QuantKernel::Auto] {
-            let got = matmul(&x, &w, kernel).data[0];
-            assert!((got - want).abs() < 1e-3, "{kernel:?}: {got} vs {want}");
+            for w in [&w, &panels] {
+                let got = matmul(&x, w, kernel).data[0];
+                assert!(
+                    (got - want).abs() < 1e-3,
+                    "{kernel:?} panels={}: {got} vs {want}",
+                    w.is_panels()
+                );
+            }
+        }
+        // Nibbles of 15 against +127 in every position: the largest Q4 sums (and, in a
+        // panel, the offset of 8 taken out of them).
+        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1] {
+            let mut bytes = half::f16::from_f32(1.0).to_le_bytes().to_vec();
+            if format == QuantFormat::Q4_1 {
+                bytes.extend(half::f16::from_f32(0.0).to_le_bytes());
+            }
+            bytes.extend([0xffu8; 16]);
+            let w = QuantMatrix::new(format, 1, 32, SharedBytes::from_vec(bytes)).unwrap();
+            let x = CpuTensor {
+                data: vec![1.0; 32],
+                rows: 1,
+                cols: 32,
+            };
+            let want = match format {
+                QuantFormat::Q4_0 => 7.0 * 32.0,
+                _ => 15.0 * 32.0,
+            };
+            for w in [w.clone(), w.to_panels()] {
+                for kernel in [QuantKernel::Portable, QuantKernel::Auto] {
+                    let got = matmul(&x, &w, kernel).data[0];
+                    assert!(
+                        (got - want).abs() < 1e-3,
+                        "{format:?} {kernel:?} panels={}: {got} vs {want}",
+                        w.is_panels()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn panels_dequantize_to_the_same_values_as_rows() {
+        let mut rng = SplitMix64::new(31);
+        for format in FORMATS {
+            // 37 rows: two whole panels and a padded third.
+            let w = random_matrix(format, 37, 96, &mut rng);
+            let p = w.to_panels();
+            assert!(p.is_panels() && !w.is_panels());
+            // The file's bytes per block, each panel rounded up to whole cache lines.
+            let panel = (96 / BLOCK * 16 * format.block_bytes()).next_multiple_of(64);
+            assert_eq!(p.bytes().len(), 3 * panel);
+            let (mut want, mut got) = (vec![0.0; 96], vec![0.0; 96]);
+            for r in 0..37 {
+                w.dequantize_row(r, &mut want);
+                p.dequantize_row(r, &mut got);
+                assert_eq!(
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{format:?} row {r}"
+                );
+            }
+        }
+    }
+
+    /// The panel kernels (portable and, where the CPU has it, AVX-512) against the row
+    /// layout's portable kernel: row counts through every tile shape and past a row chunk,
+    /// widths through padded panels.
+    #[test]
+    fn panel_products_match_the_row_kernels() {
+        let mut rng = SplitMix64::new(41);
+        let simd = panel_kernel_available();
+        if !simd {
+            eprintln!("no AVX-512 VNNI here: only the portable panel kernel is checked");
+        }
+        for format in FORMATS {
+            for (n, k) in [(37, 96), (80, 256), (16, 32), (200, 576), (40, 1536)] {
+                let w = random_matrix(format, n, k, &mut rng);
+                let p = w.to_panels();
+                for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17, 70] {
+                    let x = random_x(m, k, &mut rng);
+                    let want = matmul(&x, &w, QuantKernel::Portable);
+                    let portable = matmul(&x, &p, QuantKernel::Portable);
+                    let auto = matmul(&x, &p, QuantKernel::Auto);
+                    for (i, ((w, a), b)) in want
+                        .data
+                        .iter()
+                        .zip(&portable.data)
+                        .zip(&auto.data)
+                        .enumerate()
+                    {
+                        let (r, c) = (i / n, i % n);
+                        let tol = 1e-4 * (1.0 + w.abs());
+                        assert!(
+                            (w - a).abs() <= tol,
+                            "{format:?} n={n} k={k} m={m} [{r},{c}]: portable panel {a} vs {w}"
+                        );
+                        assert!(
+                            (w - b).abs() <= tol,
+                            "{format:?} n={n} k={k} m={m} [{r},{c}]: panel kernel {b} vs {w}"
+                        );
+                    }
+                }
+            }
         }
     }
 
