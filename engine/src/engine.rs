@@ -142,6 +142,12 @@ impl Engine {
         let (executors, tokenizer) = match &config.backend {
             ComputeBackend::Cpu => {
                 let (model, tokenizer) = build_model(&config, CpuBackend);
+                if let ModelSource::Gguf { file, .. } = &config.source
+                    && crate::backend::quant::panel_kernel_available()
+                {
+                    // Every quantized matrix now lives in its repacked copy.
+                    file.release_resident_pages();
+                }
                 (per_rank(&config, &model, ModelExecutor::new), tokenizer)
             }
             ComputeBackend::Cuda { backend, graphs } => {

@@ -788,6 +788,11 @@ int8_kernels!(
 /// 2–16 KiB) noticeably closer, on `cargo bench -p ballast-engine --bench real_model`.
 const PREFETCH_BYTES: usize = 4096;
 
+/// Whether environment variable `name` is set to something other than the empty string.
+fn env_flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty())
+}
+
 /// The fastest integer kernel this CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Simd {
@@ -803,7 +808,7 @@ fn detect_simd() -> Simd {
     {
         use std::is_x86_feature_detected as has;
         if has!("avx2") && has!("fma") && has!("f16c") {
-            if std::env::var_os("BALLAST_NO_VNNI").is_none() && has!("avxvnni") {
+            if !env_flag("BALLAST_NO_VNNI") && has!("avxvnni") {
                 return Simd::Vnni;
             }
             return Simd::Avx2;

@@ -188,7 +188,7 @@ impl Panels {
     }
 }
 
-/// Whether this CPU runs the AVX-512 kernel (and `BALLAST_NO_AVX512` is unset).
+/// Whether this CPU runs the AVX-512 kernel (and `BALLAST_NO_AVX512` is unset or empty).
 pub fn available() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
@@ -196,7 +196,7 @@ pub fn available() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             use std::is_x86_feature_detected as has;
-            std::env::var_os("BALLAST_NO_AVX512").is_none()
+            !super::env_flag("BALLAST_NO_AVX512")
                 && has!("avx512f")
                 && has!("avx512bw")
                 && has!("avx512vnni")

@@ -471,6 +471,22 @@ impl GgufFile<Mmap> {
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         Self::from_bytes(map)
     }
+
+    /// Drops this process's resident pages of the map (`MADV_DONTNEED`): for once the weights
+    /// were copied out (repacked for the AVX-512 kernel) and the map is no longer read, so that
+    /// resident memory does not count the model twice. A later read faults the pages back in
+    /// from the page cache or the file, unchanged.
+    pub fn release_resident_pages(&self) {
+        #[cfg(unix)]
+        // SAFETY: the map is shared and read-only, so a dropped page reads back exactly as it
+        // was; no reference into it is invalidated.
+        if let Err(e) = unsafe {
+            self.data
+                .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+        } {
+            tracing::debug!("madvise(DONTNEED) on the model map: {e}");
+        }
+    }
 }
 
 /// The whole file, so tensors can borrow from a shared file ([`crate::backend::quant::SharedBytes`]).
