@@ -35,6 +35,7 @@ fn main() {
         max_num_seqs: 256,
         max_num_batched_tokens: 2048,
         max_model_len: spec.max_model_len,
+        cache_dtype: "f32",
     }));
     let mut logger = PrometheusLogger::new(
         Arc::clone(&metrics),

@@ -6,6 +6,7 @@ use clap::Args;
 use clap::builder::BoolishValueParser;
 
 use crate::admission::AdmissionLimits;
+use crate::backend::KvDtype;
 use crate::device::{ComputeBackend, Device};
 use crate::dispatcher::DispatchPolicy;
 use crate::metrics::buckets::Buckets;
@@ -155,6 +156,17 @@ pub struct EngineArgs {
     #[arg(long, env = "BALLAST_DEVICE", value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
 
+    /// Element type of the KV cache: `auto` (f16 for GGUF files on the CPU, as llama.cpp
+    /// does; f32 otherwise), `f32`, or `f16` (half the memory per token and half the bytes
+    /// attention reads; the CPU backend only for now).
+    #[arg(
+        long,
+        env = "BALLAST_KV_CACHE_DTYPE",
+        value_enum,
+        default_value_t = KvCacheDtype::Auto
+    )]
+    pub kv_cache_dtype: KvCacheDtype,
+
     /// With `--device cuda`: replay decode steps from CUDA graphs captured at batch sizes
     /// 1, 2, 4, … 128 (one launch per step). Off until measured on a GPU.
     #[arg(long, env = "BALLAST_CUDA_GRAPHS", value_parser = BoolishValueParser::new())]
@@ -225,6 +237,19 @@ impl Default for EngineArgs {
         }
         <Wrapper as clap::Parser>::parse_from(["engine"]).args
     }
+}
+
+/// `--kv-cache-dtype` as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum KvCacheDtype {
+    /// f16 for GGUF files on the CPU (their weights are quantized already; llama.cpp's
+    /// default), f32 otherwise.
+    #[default]
+    Auto,
+    /// f32.
+    F32,
+    /// f16.
+    F16,
 }
 
 /// A flag whose value cannot work; the message names the flag.
@@ -365,6 +390,20 @@ impl EngineConfig {
                 "replays CUDA graphs; it needs --device cuda",
             ));
         }
+        model.kv_dtype = match (a.kv_cache_dtype, a.device) {
+            (KvCacheDtype::F16, Device::Cuda) => {
+                return Err(bad(
+                    "kv-cache-dtype",
+                    "f16 is not supported with --device cuda yet (its cache is f32); use f32 or auto",
+                ));
+            }
+            (KvCacheDtype::F16, Device::Cpu) => KvDtype::F16,
+            (KvCacheDtype::F32, _) => KvDtype::F32,
+            (KvCacheDtype::Auto, Device::Cpu) if matches!(source, ModelSource::Gguf { .. }) => {
+                KvDtype::F16
+            }
+            (KvCacheDtype::Auto, _) => KvDtype::F32,
+        };
         crate::device::check(a.device).map_err(|m| bad("device", m))?;
         let backend = match a.device {
             Device::Cpu => ComputeBackend::Cpu,
@@ -380,7 +419,7 @@ impl EngineConfig {
                 "must be a non-negative number of seconds",
             ));
         }
-        let per_token = 2 * model.num_layers * model.kv_size() * std::mem::size_of::<f32>();
+        let per_token = 2 * model.num_layers * model.kv_size() * model.kv_dtype.size();
         let min_blocks = model.max_model_len.div_ceil(a.block_size);
         let num_blocks = match a.num_kv_blocks {
             Some(n) if n < min_blocks => {
@@ -479,6 +518,38 @@ mod tests {
         Cli::try_parse_from(std::iter::once("engine").chain(args.iter().copied()))
             .unwrap()
             .args
+    }
+
+    #[test]
+    fn kv_cache_dtype_sizes_the_pool_and_is_refused_on_cuda() {
+        let auto = EngineConfig::from_args(&parse(&["--model", "synthetic:small"])).unwrap();
+        assert_eq!(
+            auto.model.kv_dtype,
+            KvDtype::F32,
+            "synthetic models keep f32"
+        );
+        let f32s = EngineConfig::from_args(&parse(&[
+            "--model",
+            "synthetic:small",
+            "--kv-cache-dtype",
+            "f32",
+        ]))
+        .unwrap();
+        let f16s = EngineConfig::from_args(&parse(&[
+            "--model",
+            "synthetic:small",
+            "--kv-cache-dtype",
+            "f16",
+        ]))
+        .unwrap();
+        assert_eq!(f16s.model.kv_dtype, KvDtype::F16);
+        // The same default byte budget holds twice the blocks.
+        assert_eq!(auto.scheduler.num_blocks, f32s.scheduler.num_blocks);
+        assert_eq!(f16s.scheduler.num_blocks, 2 * f32s.scheduler.num_blocks);
+        let e = EngineConfig::from_args(&parse(&["--kv-cache-dtype", "f16", "--device", "cuda"]))
+            .unwrap_err();
+        assert_eq!(e.flag, "kv-cache-dtype", "{e}");
+        assert!(Cli::try_parse_from(["engine", "--kv-cache-dtype", "int8"]).is_err());
     }
 
     #[test]

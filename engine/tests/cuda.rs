@@ -7,7 +7,9 @@
 
 use ballast_engine::backend::cpu::CpuBackend;
 use ballast_engine::backend::cuda::{CudaBackend, GraphExecutor};
-use ballast_engine::backend::{Backend, HostWeight, KvLayout, RopeStyle, SeqSlice, StepMetadata};
+use ballast_engine::backend::{
+    Backend, HostWeight, KvDtype, KvLayout, RopeStyle, SeqSlice, StepMetadata,
+};
 use ballast_engine::executor::{Executor, ModelExecutor};
 use ballast_engine::model::{LlamaModel, ModelSpec, WeightDtype};
 use ballast_engine::sampling::{SampleSpec, SamplingSlot};
@@ -159,6 +161,7 @@ fn compare_ops(spec: &ModelSpec, meta: &StepMetadata, dtype: WeightDtype) {
         block_size: BLOCK as usize,
         num_kv_heads: spec.num_kv_heads,
         head_dim: spec.head_dim,
+        dtype: KvDtype::F32,
     };
     let (mut gc, mut cc) = (gpu.alloc_kv_cache(layout), cpu.alloc_kv_cache(layout));
     let mut fill = StepMetadata {
@@ -537,6 +540,7 @@ fn device_benchmarks() {
                 block_size: BLOCK as usize,
                 num_kv_heads: kvh,
                 head_dim: d,
+                dtype: KvDtype::F32,
             });
             let q = gpu.upload(&random(batch * heads * d, &mut rng), batch, heads * d);
             let m = gpu.prepare_step(&meta);

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, StepMetadata};
+use ballast_engine::backend::{Backend, KvDtype, StepMetadata};
 use ballast_engine::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, cached_model_or_skip,
 };
@@ -36,7 +36,10 @@ fn model() -> Option<LlamaModel<CpuBackend>> {
     if !cached() {
         return None;
     }
-    let resolved = ResolvedModel::resolve(KNOWN_MODELS[0].name).expect("the cached model loads");
+    let mut resolved =
+        ResolvedModel::resolve(KNOWN_MODELS[0].name).expect("the cached model loads");
+    // The KV cache `--kv-cache-dtype auto` gives a GGUF file on the CPU.
+    resolved.spec.kv_dtype = KvDtype::F16;
     let ModelSource::Gguf { tensors, .. } = resolved.source else {
         unreachable!("a known model is a file")
     };
@@ -84,7 +87,8 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// First-step logits and free-running greedy runs against llama.cpp.
+/// First-step logits and free-running greedy runs against llama.cpp, once with each KV cache
+/// precision against llama.cpp's run with the same precision.
 ///
 /// Free-running greedy decoding amplifies the smallest numeric difference at a near-tie:
 /// llama.cpp itself, switched from its default f16 KV cache to f32, keeps its own 32 greedy
@@ -95,11 +99,20 @@ fn ids(v: &Value) -> Vec<u32> {
 /// where the runs split: a correct one leaves llama.cpp's path only where llama.cpp's token
 /// was within [`LOGIT_TOLERANCE`] of its own choice (measured: 0.002–0.204), a wrong one
 /// leaves it at tokens it scores far apart. The first token must agree on at least 4 of the 5
-/// prompts, its logits within [`LOGIT_TOLERANCE`] on all. The 32-token runs are compared with llama.cpp using
-/// an f32 KV cache, the precision Ballast keeps.
+/// prompts, its logits within [`LOGIT_TOLERANCE`] on all, and the runs must follow llama.cpp
+/// about as far as llama.cpp's two precisions follow each other.
 #[test]
 fn greedy_tokens_and_first_logits_agree_with_llama_cpp() {
     let Some(model) = model() else { return };
+    // The f16 cache the engine serves GGUF files with, against llama.cpp's default (f16)
+    // run; then an f32 cache against llama.cpp's f32 run.
+    check_greedy(&model, KvDtype::F16, "greedy_ids", "greedy_ids_kv_f32");
+    check_greedy(&model, KvDtype::F32, "greedy_ids_kv_f32", "greedy_ids");
+}
+
+/// The checks above with a `dtype` KV cache, against llama.cpp's run `want_key` (its run
+/// `other_key`, with the other KV precision, is the self-agreement baseline).
+fn check_greedy(model: &LlamaModel<CpuBackend>, dtype: KvDtype, want_key: &str, other_key: &str) {
     let fixture: Value =
         serde_json::from_str(include_str!("fixtures/smollm2_greedy.json")).unwrap();
     let cases = fixture["cases"].as_array().unwrap();
@@ -113,10 +126,12 @@ fn greedy_tokens_and_first_logits_agree_with_llama_cpp() {
     let mut report = String::new();
     for case in cases {
         let prompt = ids(&case["prompt_ids"]);
-        let want = ids(&case["greedy_ids_kv_f32"]);
-        let default_kv = ids(&case["greedy_ids"]);
-        let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(8, 16));
-        let first = step(&model, &mut cache, &prompt, 0);
+        let want = ids(&case[want_key]);
+        let other_kv = ids(&case[other_key]);
+        let mut layout = model.kv_layout(8, 16);
+        layout.dtype = dtype;
+        let mut cache = CpuBackend.alloc_kv_cache(layout);
+        let first = step(model, &mut cache, &prompt, 0);
 
         let top = ids(&case["top_ids"]);
         let top_logits: Vec<f32> = case["top_logits"]
@@ -147,21 +162,21 @@ fn greedy_tokens_and_first_logits_agree_with_llama_cpp() {
                 break;
             }
             let pos = (prompt.len() + i) as u32;
-            logits = step(&model, &mut cache, &[got[i]], pos);
+            logits = step(model, &mut cache, &[got[i]], pos);
             got.push(argmax(&logits));
         }
         let run = |other: &[u32]| got.iter().zip(other).take_while(|(a, b)| a == b).count();
         let same = run(&want);
         // llama.cpp against itself: its f16-KV run against its f32-KV run.
-        self_prefix_sum += default_kv
+        self_prefix_sum += other_kv
             .iter()
             .zip(&want)
             .take_while(|(a, b)| a == b)
             .count();
         report.push_str(&format!(
-            "{same}/{} tokens agree (f16 KV: {}){}, first top-1 {}, logits within {worst:.3}: {:?}\n",
+            "{same}/{} tokens agree (llama.cpp's other KV precision: {}){}, first top-1 {}, logits within {worst:.3}: {:?}\n",
             want.len(),
-            run(&default_kv),
+            run(&other_kv),
             gap.map(|g| format!(", llama.cpp's token {g:.3} below at the split"))
                 .unwrap_or_default(),
             if top1 { "agrees" } else { "DIFFERS" },
@@ -171,6 +186,7 @@ fn greedy_tokens_and_first_logits_agree_with_llama_cpp() {
         prefix_sum += same;
         worst_gap = worst_gap.max(gap.unwrap_or(0.0));
     }
+    let report = format!("{dtype:?} KV cache against llama.cpp's {want_key}:\n{report}");
     eprint!("{report}");
     assert!(
         logits_ok,
@@ -187,7 +203,7 @@ fn greedy_tokens_and_first_logits_agree_with_llama_cpp() {
     let mean_prefix = prefix_sum as f64 / cases.len() as f64;
     let self_mean = self_prefix_sum as f64 / cases.len() as f64;
     eprintln!(
-        "{agreeing} of 5 identical for 32 tokens; mean agreeing prefix {mean_prefix:.1} \
+        "{dtype:?}: {agreeing} of 5 identical for 32 tokens; mean agreeing prefix {mean_prefix:.1} \
          (llama.cpp's f16-KV run against its own f32-KV run: {self_mean:.1})"
     );
     // The prompts reach near-ties within 32 tokens, where any change of rounding picks a
@@ -312,11 +328,15 @@ async fn the_served_model_answers_a_chat_and_stops_on_its_eos() {
     );
     assert_eq!(m["max_model_len"], 2048);
 
-    // Metrics carry the served name.
+    // Metrics carry the served name, and the f16 cache `auto` gives a GGUF file.
     let metrics = s.get("/metrics").await.text().await.unwrap();
     assert!(
         metrics.contains("max_model_len=\"2048\"") && metrics.contains("model_name=\"smollm2\""),
         "no model_name=\"smollm2\" series with the context limit"
+    );
+    assert!(
+        metrics.contains("cache_dtype=\"f16\""),
+        "the cache config does not say f16"
     );
 }
 

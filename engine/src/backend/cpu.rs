@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use super::quant::{self, QuantKernel, QuantMatrix};
-use super::simd::{axpy_strided, dot, dot4, dots_strided};
-use super::{Backend, HostWeight, KvLayout, RopeStyle, StepMetadata};
+use super::simd::{KvElement, axpy_strided, dot, dot4, dots_strided};
+use super::{Backend, HostWeight, KvDtype, KvLayout, RopeStyle, StepMetadata};
 
 /// A row-major 2-D array of f32 in host memory.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,23 +61,54 @@ impl CpuWeight {
 pub struct CpuKvCache {
     /// Shape of the cache.
     pub layout: KvLayout,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<KvArray>,
+    v: Vec<KvArray>,
+}
+
+/// One layer's K or V array, in the cache's element type.
+#[derive(Debug)]
+enum KvArray {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+}
+
+impl KvArray {
+    fn zeros(dtype: KvDtype, len: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => KvArray::F32(vec![0.0; len]),
+            KvDtype::F16 => KvArray::F16(vec![half::f16::ZERO; len]),
+        }
+    }
+
+    /// Stores `src` at `at` (rounding to nearest even for f16).
+    fn write(&mut self, at: usize, src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        match self {
+            KvArray::F32(a) => a[at..at + src.len()].copy_from_slice(src),
+            KvArray::F16(a) => a[at..at + src.len()].convert_from_f32_slice(src),
+        }
+    }
+
+    /// `len` elements from `at`, as f32.
+    fn read(&self, at: usize, len: usize) -> Vec<f32> {
+        match self {
+            KvArray::F32(a) => a[at..at + len].to_vec(),
+            KvArray::F16(a) => a[at..at + len].iter().map(|v| v.to_f32()).collect(),
+        }
+    }
 }
 
 impl CpuKvCache {
-    /// Key vector of `kv_head` at `slot` in `layer`.
-    pub fn key(&self, layer: usize, slot: usize, kv_head: usize) -> &[f32] {
+    /// Key vector of `kv_head` at `slot` in `layer` (widened to f32 from an f16 cache).
+    pub fn key(&self, layer: usize, slot: usize, kv_head: usize) -> Vec<f32> {
         let d = self.layout.head_dim;
-        let at = slot * self.layout.token_stride() + kv_head * d;
-        &self.k[layer][at..at + d]
+        self.k[layer].read(slot * self.layout.token_stride() + kv_head * d, d)
     }
 
-    /// Value vector of `kv_head` at `slot` in `layer`.
-    pub fn value(&self, layer: usize, slot: usize, kv_head: usize) -> &[f32] {
+    /// Value vector of `kv_head` at `slot` in `layer` (widened to f32 from an f16 cache).
+    pub fn value(&self, layer: usize, slot: usize, kv_head: usize) -> Vec<f32> {
         let d = self.layout.head_dim;
-        let at = slot * self.layout.token_stride() + kv_head * d;
-        &self.v[layer][at..at + d]
+        self.v[layer].read(slot * self.layout.token_stride() + kv_head * d, d)
     }
 }
 
@@ -261,7 +292,7 @@ impl Backend for CpuBackend {
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> CpuKvCache {
-        let layer = || vec![0.0f32; layout.layer_len()];
+        let layer = || KvArray::zeros(layout.dtype, layout.layer_len());
         CpuKvCache {
             layout,
             k: (0..layout.num_layers).map(|_| layer()).collect(),
@@ -402,8 +433,8 @@ impl Backend for CpuBackend {
         );
         for (t, &slot) in meta.meta.slot_mapping.iter().enumerate() {
             let at = slot as usize * stride;
-            cache.k[layer][at..at + stride].copy_from_slice(k.row(t));
-            cache.v[layer][at..at + stride].copy_from_slice(v.row(t));
+            cache.k[layer].write(at, k.row(t));
+            cache.v[layer].write(at, v.row(t));
         }
     }
 
@@ -415,77 +446,11 @@ impl Backend for CpuBackend {
         meta: &CpuStepMeta,
         num_heads: usize,
     ) -> CpuTensor {
-        let layout = cache.layout;
-        let d = layout.head_dim;
-        let group = num_heads / layout.num_kv_heads;
-        let bs = meta.meta.block_size as usize;
-        let scale = 1.0 / (d as f32).sqrt();
-        let mut out = CpuTensor::zeros(q.rows, q.cols);
-        // A task serves one token and `per` query heads of one KV head's group (their outputs
-        // are adjacent). With the whole group, each block of keys and values is read from
-        // memory once and from L1 for the group's other heads; that is the choice when there
-        // are enough (token, KV head) pairs to keep every thread busy (decode batches, long
-        // prefills). A single sequence's decode step has as few tasks as KV heads, so there a
-        // task takes one query head and the threads share the work evenly.
-        let tasks_per_token = layout.num_kv_heads;
-        let per = if q.rows * tasks_per_token >= 4 * rayon::current_num_threads() {
-            group
-        } else {
-            1
-        };
-        let chunks_per_token = num_heads / per;
-        out.data
-            .par_chunks_mut(per * d)
-            .with_min_len(2)
-            .enumerate()
-            .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, o)| {
-                let (t, h0) = (i / chunks_per_token, i % chunks_per_token * per);
-                let kv_head = h0 / group;
-                let seq = &meta.meta.seqs[meta.row_seq[t] as usize];
-                let table = meta.meta.block_table(seq);
-                let pos = seq.context_len as usize + (t - seq.query_start as usize);
-                let len = pos + 1;
-                let q_at = t * q.cols + h0 * d;
-                let qs = &q.data[q_at..q_at + per * d];
-                let stride = layout.token_stride();
-                // Positions 0..=pos, one KV block at a time: the keys of a block are `stride`
-                // apart in the layer's array, starting at the block's first slot.
-                let runs = || {
-                    (0..=pos).step_by(bs).map(move |j0| {
-                        let n = bs.min(pos + 1 - j0);
-                        let at = table[j0 / bs] as usize * bs * stride + kv_head * d;
-                        (j0, n, at..at + (n - 1) * stride + d)
-                    })
-                };
-                // Scores of the task's head j at [j * len, (j + 1) * len).
-                scores.clear();
-                scores.resize(per * len, 0.0);
-                for (j0, n, rows) in runs() {
-                    let keys = &cache.k[layer][rows];
-                    for (qh, s) in qs.chunks_exact(d).zip(scores.chunks_exact_mut(len)) {
-                        dots_strided(qh, keys, stride, scale, &mut s[j0..j0 + n]);
-                    }
-                }
-                for s in scores.chunks_exact_mut(len) {
-                    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0.0;
-                    for v in s.iter_mut() {
-                        *v = (*v - max).exp();
-                        sum += *v;
-                    }
-                    let inv = 1.0 / sum;
-                    for v in s.iter_mut() {
-                        *v *= inv;
-                    }
-                }
-                for (j0, n, rows) in runs() {
-                    let values = &cache.v[layer][rows];
-                    for (oh, s) in o.chunks_exact_mut(d).zip(scores.chunks_exact(len)) {
-                        axpy_strided(&s[j0..j0 + n], values, stride, oh);
-                    }
-                }
-            });
-        out
+        match (&cache.k[layer], &cache.v[layer]) {
+            (KvArray::F32(k), KvArray::F32(v)) => attention(q, k, v, cache.layout, meta, num_heads),
+            (KvArray::F16(k), KvArray::F16(v)) => attention(q, k, v, cache.layout, meta, num_heads),
+            _ => unreachable!("K and V of a layer share the cache's element type"),
+        }
     }
 
     fn silu_mul(&self, gate: &CpuTensor, up: &CpuTensor) -> CpuTensor {
@@ -516,6 +481,90 @@ impl Backend for CpuBackend {
         }
         out
     }
+}
+
+/// Paged attention over one layer's keys and values, stored as `T` (f32 or f16).
+fn attention<T: KvElement>(
+    q: &CpuTensor,
+    keys: &[T],
+    values: &[T],
+    layout: KvLayout,
+    meta: &CpuStepMeta,
+    num_heads: usize,
+) -> CpuTensor
+where
+    f32: From<T>,
+{
+    let d = layout.head_dim;
+    let group = num_heads / layout.num_kv_heads;
+    let bs = meta.meta.block_size as usize;
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = CpuTensor::zeros(q.rows, q.cols);
+    // A task serves one token and `per` query heads of one KV head's group (their outputs
+    // are adjacent). With the whole group, each block of keys and values is read from
+    // memory once and from L1 for the group's other heads; that is the choice when there
+    // are enough (token, KV head) pairs to keep every thread busy (decode batches, long
+    // prefills). A single sequence's decode step has as few tasks as KV heads, so there a
+    // task takes one query head and the threads share the work evenly.
+    let tasks_per_token = layout.num_kv_heads;
+    let per = if q.rows * tasks_per_token >= 4 * rayon::current_num_threads() {
+        group
+    } else {
+        1
+    };
+    let chunks_per_token = num_heads / per;
+    out.data
+        .par_chunks_mut(per * d)
+        .with_min_len(2)
+        .enumerate()
+        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, o)| {
+            let (t, h0) = (i / chunks_per_token, i % chunks_per_token * per);
+            let kv_head = h0 / group;
+            let seq = &meta.meta.seqs[meta.row_seq[t] as usize];
+            let table = meta.meta.block_table(seq);
+            let pos = seq.context_len as usize + (t - seq.query_start as usize);
+            let len = pos + 1;
+            let q_at = t * q.cols + h0 * d;
+            let qs = &q.data[q_at..q_at + per * d];
+            let stride = layout.token_stride();
+            // Positions 0..=pos, one KV block at a time: the keys of a block are `stride`
+            // apart in the layer's array, starting at the block's first slot.
+            let runs = || {
+                (0..=pos).step_by(bs).map(move |j0| {
+                    let n = bs.min(pos + 1 - j0);
+                    let at = table[j0 / bs] as usize * bs * stride + kv_head * d;
+                    (j0, n, at..at + (n - 1) * stride + d)
+                })
+            };
+            // Scores of the task's head j at [j * len, (j + 1) * len).
+            scores.clear();
+            scores.resize(per * len, 0.0);
+            for (j0, n, rows) in runs() {
+                let keys = &keys[rows];
+                for (qh, s) in qs.chunks_exact(d).zip(scores.chunks_exact_mut(len)) {
+                    dots_strided(qh, keys, stride, scale, &mut s[j0..j0 + n]);
+                }
+            }
+            for s in scores.chunks_exact_mut(len) {
+                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0;
+                for v in s.iter_mut() {
+                    *v = (*v - max).exp();
+                    sum += *v;
+                }
+                let inv = 1.0 / sum;
+                for v in s.iter_mut() {
+                    *v *= inv;
+                }
+            }
+            for (j0, n, rows) in runs() {
+                let values = &values[rows];
+                for (oh, s) in o.chunks_exact_mut(d).zip(scores.chunks_exact(len)) {
+                    axpy_strided(&s[j0..j0 + n], values, stride, oh);
+                }
+            }
+        });
+    out
 }
 
 #[cfg(test)]
@@ -652,9 +701,73 @@ mod tests {
     }
 
     #[test]
+    fn an_f16_cache_stores_rounded_to_nearest_even() {
+        let layout = KvLayout {
+            num_layers: 2,
+            num_blocks: 2,
+            block_size: 2,
+            num_kv_heads: 1,
+            head_dim: 4,
+            dtype: KvDtype::F16,
+        };
+        assert_eq!(layout.bytes(), 2 * 2 * (2 * 2 * 4) * 2);
+        let mut cache = CpuBackend.alloc_kv_cache(layout);
+        // 1 + 2⁻¹¹ is halfway between two f16 values: it rounds to the even one, 1.0;
+        // 1 + 3·2⁻¹¹ rounds up to 1 + 2⁻⁹; 1e-8 is below f16's range and becomes 0.
+        let k = CpuTensor {
+            data: vec![
+                1.0 + 2f32.powi(-11),
+                1.0 + 3.0 * 2f32.powi(-11),
+                1e-8,
+                -65504.0,
+            ],
+            rows: 1,
+            cols: 4,
+        };
+        let v = CpuTensor {
+            data: vec![0.1, 0.2, 0.3, 0.4],
+            rows: 1,
+            cols: 4,
+        };
+        let meta = StepMetadata {
+            token_ids: vec![0],
+            positions: vec![0],
+            slot_mapping: vec![3],
+            block_size: 2,
+            ..Default::default()
+        };
+        CpuBackend.write_kv(&mut cache, 1, &k, &v, &CpuBackend.prepare_step(&meta));
+        assert_eq!(
+            cache.key(1, 3, 0),
+            vec![1.0, 1.0 + 2f32.powi(-9), 0.0, -65504.0]
+        );
+        let want: Vec<f32> = v
+            .data
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_f32())
+            .collect();
+        assert_eq!(cache.value(1, 3, 0), want);
+        assert_eq!(cache.key(0, 3, 0), vec![0.0; 4], "layer 0 untouched");
+    }
+
+    #[test]
     fn paged_attention_equals_dense_on_random_shapes() {
         let mut rng = SplitMix64::new(42);
-        for case in 0..12 {
+        for case in 0..24 {
+            // Every other case an f16 cache, its keys and values drawn as f16 values so that
+            // storing them is exact and the dense reference sees the same numbers.
+            let dtype = [KvDtype::F32, KvDtype::F16][case % 2];
+            let kv = |t: CpuTensor| match dtype {
+                KvDtype::F32 => t,
+                KvDtype::F16 => CpuTensor {
+                    data: t
+                        .data
+                        .iter()
+                        .map(|&v| half::f16::from_f32(v).to_f32())
+                        .collect(),
+                    ..t
+                },
+            };
             let num_kv_heads = 1 + rng.below(3) as usize;
             let h = Heads {
                 num_kv_heads,
@@ -669,6 +782,7 @@ mod tests {
                 block_size,
                 num_kv_heads,
                 head_dim: h.d,
+                dtype,
             };
             let stride = layout.token_stride();
             let mut cache = CpuBackend.alloc_kv_cache(layout);
@@ -693,15 +807,15 @@ mod tests {
                     |j: usize| blocks[j / block_size] * block_size as u32 + (j % block_size) as u32;
                 let c = SeqCase {
                     q: random(q_len, h.num_heads * h.d, &mut rng),
-                    k: random(total, stride, &mut rng),
-                    v: random(total, stride, &mut rng),
+                    k: kv(random(total, stride, &mut rng)),
+                    v: kv(random(total, stride, &mut rng)),
                     context,
                 };
                 // The context was written by earlier steps; put it straight into the cache.
                 for j in 0..context {
                     let at = slot(j) as usize * stride;
-                    cache.k[0][at..at + stride].copy_from_slice(c.k.row(j));
-                    cache.v[0][at..at + stride].copy_from_slice(c.v.row(j));
+                    cache.k[0].write(at, c.k.row(j));
+                    cache.v[0].write(at, c.v.row(j));
                 }
                 meta.seqs.push(SeqSlice {
                     query_start: meta.token_ids.len() as u32,
@@ -744,7 +858,7 @@ mod tests {
                 for (a, b) in got.data.iter().zip(&want) {
                     assert!(
                         (a - b).abs() < 1e-4,
-                        "case {case}, {threads} threads: {a} vs {b}"
+                        "case {case} ({dtype:?}), {threads} threads: {a} vs {b}"
                     );
                 }
             }

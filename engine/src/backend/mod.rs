@@ -119,22 +119,53 @@ pub struct KvLayout {
     pub num_kv_heads: usize,
     /// Size of one head.
     pub head_dim: usize,
+    /// Element type of the K and V arrays.
+    pub dtype: KvDtype,
+}
+
+/// Element type of a KV cache (`--kv-cache-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// f32: exact copies of the keys and values the step computed.
+    #[default]
+    F32,
+    /// IEEE half precision, rounded to nearest even on write and widened to f32 for every
+    /// product: half the memory and half the bytes attention reads (llama.cpp's default).
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    /// The name `--kv-cache-dtype` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
 }
 
 impl KvLayout {
-    /// Floats one token occupies in one layer's K (or V) array.
+    /// Elements one token occupies in one layer's K (or V) array.
     pub fn token_stride(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }
 
-    /// Floats in one layer's K (or V) array.
+    /// Elements in one layer's K (or V) array.
     pub fn layer_len(&self) -> usize {
         self.num_blocks * self.block_size * self.token_stride()
     }
 
-    /// Bytes of the whole cache with f32 elements (K and V, every layer).
-    pub fn bytes_f32(&self) -> usize {
-        2 * self.num_layers * self.layer_len() * std::mem::size_of::<f32>()
+    /// Bytes of the whole cache (K and V, every layer).
+    pub fn bytes(&self) -> usize {
+        2 * self.num_layers * self.layer_len() * self.dtype.size()
     }
 }
 

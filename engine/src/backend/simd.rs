@@ -4,8 +4,12 @@
 //! axpy also exist as AVX2/FMA kernels, picked at run time when the CPU has them. The
 //! portable versions are the reference the tests compare against.
 
+/// Σ a[i]·b[i], `b` f32 or f16 (widened exactly).
 #[inline(always)]
-fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
+fn dot_generic<T: Copy>(a: &[f32], b: &[T]) -> f32
+where
+    f32: From<T>,
+{
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     // Eight independent accumulators let the compiler keep a full vector register busy.
@@ -14,12 +18,12 @@ fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
     for c in 0..chunks {
         let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
         for i in 0..8 {
-            acc[i] += x[i] * y[i];
+            acc[i] += x[i] * f32::from(y[i]);
         }
     }
     let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for i in chunks * 8..n {
-        s += a[i] * b[i];
+        s += a[i] * f32::from(b[i]);
     }
     s
 }
@@ -53,15 +57,21 @@ fn dot4_generic(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
 }
 
 #[inline(always)]
-fn axpy_generic(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
+fn axpy_generic<T: Copy>(alpha: f32, x: &[T], y: &mut [f32])
+where
+    f32: From<T>,
+{
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += alpha * f32::from(xi);
     }
 }
 
 /// `out[i] = scale · q·rows[i]`, where row `i` starts at `i * stride` in `base`.
 #[inline(always)]
-fn dots_strided_generic(q: &[f32], base: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+fn dots_strided_generic<T: Copy>(q: &[f32], base: &[T], stride: usize, scale: f32, out: &mut [f32])
+where
+    f32: From<T>,
+{
     for (i, o) in out.iter_mut().enumerate() {
         *o = scale * dot_generic(q, &base[i * stride..i * stride + q.len()]);
     }
@@ -69,7 +79,10 @@ fn dots_strided_generic(q: &[f32], base: &[f32], stride: usize, scale: f32, out:
 
 /// `y += Σ p[i] · rows[i]`, where row `i` starts at `i * stride` in `base`.
 #[inline(always)]
-fn axpy_strided_generic(p: &[f32], base: &[f32], stride: usize, y: &mut [f32]) {
+fn axpy_strided_generic<T: Copy>(p: &[f32], base: &[T], stride: usize, y: &mut [f32])
+where
+    f32: From<T>,
+{
     for (i, &a) in p.iter().enumerate() {
         axpy_generic(a, &base[i * stride..i * stride + y.len()], y);
     }
@@ -161,90 +174,138 @@ mod avx2 {
         }
     }
 
-    /// Scores of one query against `out.len()` keys spaced `stride` apart: the inner loop
-    /// of paged attention, one call per KV block instead of one per key.
-    ///
-    /// Four keys at a time, two accumulators each: one key alone is a chain of dependent
-    /// FMAs (about 25 cycles for a 64-wide head), four give the FMA units eight independent
-    /// chains. Each key's sums and their final reduction happen in the same order as
-    /// [`hsum`] of one key, so every score is bit-identical to scoring the keys one by one.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dots_strided(
-        q: &[f32],
-        base: &[f32],
-        stride: usize,
-        scale: f32,
-        out: &mut [f32],
-    ) {
-        unsafe {
-            let d = q.len();
-            if !d.is_multiple_of(16) || d > 256 {
-                return super::dots_strided_generic(q, base, stride, scale, out);
-            }
-            let pq = q.as_ptr();
-            let pb = base.as_ptr();
-            // The two-accumulator sum of one key, before the horizontal reduction.
-            let key = |row: *const f32| {
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let mut j = 0;
-                while j < d {
-                    a0 = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(pq.add(j)),
-                        _mm256_loadu_ps(row.add(j)),
-                        a0,
-                    );
-                    a1 = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(pq.add(j + 8)),
-                        _mm256_loadu_ps(row.add(j + 8)),
-                        a1,
-                    );
-                    j += 16;
-                }
-                _mm256_add_ps(a0, a1)
-            };
-            let n = out.len();
-            let mut i = 0;
-            while i + 4 <= n {
-                let row = |k: usize| pb.add((i + k) * stride);
-                let (mut a0, mut a1, mut a2, mut a3) = (
-                    _mm256_setzero_ps(),
-                    _mm256_setzero_ps(),
-                    _mm256_setzero_ps(),
-                    _mm256_setzero_ps(),
-                );
-                let (mut b0, mut b1, mut b2, mut b3) = (a0, a1, a2, a3);
-                let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
-                let mut j = 0;
-                while j < d {
-                    let (qa, qb) = (_mm256_loadu_ps(pq.add(j)), _mm256_loadu_ps(pq.add(j + 8)));
-                    a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(r0.add(j)), a0);
-                    b0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(r0.add(j + 8)), b0);
-                    a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(r1.add(j)), a1);
-                    b1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(r1.add(j + 8)), b1);
-                    a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(r2.add(j)), a2);
-                    b2 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(r2.add(j + 8)), b2);
-                    a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(r3.add(j)), a3);
-                    b3 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(r3.add(j + 8)), b3);
-                    j += 16;
-                }
-                let [s0, s1, s2, s3] = hsum4([
-                    _mm256_add_ps(a0, b0),
-                    _mm256_add_ps(a1, b1),
-                    _mm256_add_ps(a2, b2),
-                    _mm256_add_ps(a3, b3),
-                ]);
-                *out.get_unchecked_mut(i) = scale * s0;
-                *out.get_unchecked_mut(i + 1) = scale * s1;
-                *out.get_unchecked_mut(i + 2) = scale * s2;
-                *out.get_unchecked_mut(i + 3) = scale * s3;
-                i += 4;
-            }
-            while i < n {
-                *out.get_unchecked_mut(i) = scale * hsum(key(pb.add(i * stride)));
-                i += 1;
-            }
-        }
+    /// Eight keys or values at `p` as f32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load_f32(p: *const f32) -> __m256 {
+        unsafe { _mm256_loadu_ps(p) }
     }
+
+    /// Eight f16 keys or values at `p`, widened to f32 (exactly).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load_f16(p: *const half::f16) -> __m256 {
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+
+    /// The strided attention kernels for one element type of the KV cache.
+    macro_rules! strided_kernels {
+        ($dots:ident, $axpy:ident, $t:ty, $load:ident) => {
+            /// Scores of one query against `out.len()` keys spaced `stride` apart: the inner loop
+            /// of paged attention, one call per KV block instead of one per key.
+            ///
+            /// Four keys at a time, two accumulators each: one key alone is a chain of dependent
+            /// FMAs (about 25 cycles for a 64-wide head), four give the FMA units eight independent
+            /// chains. Each key's sums and their final reduction happen in the same order as
+            /// [`hsum`] of one key, so every score is bit-identical to scoring the keys one by one.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn $dots(
+                q: &[f32],
+                base: &[$t],
+                stride: usize,
+                scale: f32,
+                out: &mut [f32],
+            ) {
+                unsafe {
+                    let d = q.len();
+                    if !d.is_multiple_of(16) || d > 256 {
+                        return super::dots_strided_generic(q, base, stride, scale, out);
+                    }
+                    let pq = q.as_ptr();
+                    let pb = base.as_ptr();
+                    // The two-accumulator sum of one key, before the horizontal reduction.
+                    let key = |row: *const $t| {
+                        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                        let mut j = 0;
+                        while j < d {
+                            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(j)), $load(row.add(j)), a0);
+                            a1 = _mm256_fmadd_ps(
+                                _mm256_loadu_ps(pq.add(j + 8)),
+                                $load(row.add(j + 8)),
+                                a1,
+                            );
+                            j += 16;
+                        }
+                        _mm256_add_ps(a0, a1)
+                    };
+                    let n = out.len();
+                    let mut i = 0;
+                    while i + 4 <= n {
+                        let row = |k: usize| pb.add((i + k) * stride);
+                        let (mut a0, mut a1, mut a2, mut a3) = (
+                            _mm256_setzero_ps(),
+                            _mm256_setzero_ps(),
+                            _mm256_setzero_ps(),
+                            _mm256_setzero_ps(),
+                        );
+                        let (mut b0, mut b1, mut b2, mut b3) = (a0, a1, a2, a3);
+                        let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
+                        let mut j = 0;
+                        while j < d {
+                            let (qa, qb) =
+                                (_mm256_loadu_ps(pq.add(j)), _mm256_loadu_ps(pq.add(j + 8)));
+                            a0 = _mm256_fmadd_ps(qa, $load(r0.add(j)), a0);
+                            b0 = _mm256_fmadd_ps(qb, $load(r0.add(j + 8)), b0);
+                            a1 = _mm256_fmadd_ps(qa, $load(r1.add(j)), a1);
+                            b1 = _mm256_fmadd_ps(qb, $load(r1.add(j + 8)), b1);
+                            a2 = _mm256_fmadd_ps(qa, $load(r2.add(j)), a2);
+                            b2 = _mm256_fmadd_ps(qb, $load(r2.add(j + 8)), b2);
+                            a3 = _mm256_fmadd_ps(qa, $load(r3.add(j)), a3);
+                            b3 = _mm256_fmadd_ps(qb, $load(r3.add(j + 8)), b3);
+                            j += 16;
+                        }
+                        let [s0, s1, s2, s3] = hsum4([
+                            _mm256_add_ps(a0, b0),
+                            _mm256_add_ps(a1, b1),
+                            _mm256_add_ps(a2, b2),
+                            _mm256_add_ps(a3, b3),
+                        ]);
+                        *out.get_unchecked_mut(i) = scale * s0;
+                        *out.get_unchecked_mut(i + 1) = scale * s1;
+                        *out.get_unchecked_mut(i + 2) = scale * s2;
+                        *out.get_unchecked_mut(i + 3) = scale * s3;
+                        i += 4;
+                    }
+                    while i < n {
+                        *out.get_unchecked_mut(i) = scale * hsum(key(pb.add(i * stride)));
+                        i += 1;
+                    }
+                }
+            }
+
+            /// `y += Σ p[i] · rows[i]` with `y` held in registers across the rows (head sizes up to
+            /// 128 in multiples of 8; others take the portable loop).
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn $axpy(p: &[f32], base: &[$t], stride: usize, y: &mut [f32]) {
+                unsafe {
+                    let d = y.len();
+                    if !d.is_multiple_of(8) || d > 128 {
+                        return super::axpy_strided_generic(p, base, stride, y);
+                    }
+                    let lanes = d / 8;
+                    let py = y.as_mut_ptr();
+                    let mut acc = [_mm256_setzero_ps(); 16];
+                    for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+                        *a = _mm256_loadu_ps(py.add(l * 8));
+                    }
+                    let pb = base.as_ptr();
+                    for (i, &w) in p.iter().enumerate() {
+                        let row = pb.add(i * stride);
+                        let wv = _mm256_set1_ps(w);
+                        for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+                            *a = _mm256_fmadd_ps($load(row.add(l * 8)), wv, *a);
+                        }
+                    }
+                    for (l, a) in acc.iter().enumerate().take(lanes) {
+                        _mm256_storeu_ps(py.add(l * 8), *a);
+                    }
+                }
+            }
+        };
+    }
+
+    strided_kernels!(dots_strided, axpy_strided, f32, load_f32);
+    strided_kernels!(dots_strided_f16, axpy_strided_f16, half::f16, load_f16);
 
     /// [`hsum`] of four vectors at once, with the same additions in the same order for each:
     /// high half onto low half, then lanes 2 and 3 onto 0 and 1, then lane 1 onto lane 0.
@@ -276,35 +337,6 @@ mod avx2 {
         }
     }
 
-    /// `y += Σ p[i] · rows[i]` with `y` held in registers across the rows (head sizes up to
-    /// 128 in multiples of 8; others take the portable loop).
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_strided(p: &[f32], base: &[f32], stride: usize, y: &mut [f32]) {
-        unsafe {
-            let d = y.len();
-            if !d.is_multiple_of(8) || d > 128 {
-                return super::axpy_strided_generic(p, base, stride, y);
-            }
-            let lanes = d / 8;
-            let py = y.as_mut_ptr();
-            let mut acc = [_mm256_setzero_ps(); 16];
-            for (l, a) in acc.iter_mut().enumerate().take(lanes) {
-                *a = _mm256_loadu_ps(py.add(l * 8));
-            }
-            let pb = base.as_ptr();
-            for (i, &w) in p.iter().enumerate() {
-                let row = pb.add(i * stride);
-                let wv = _mm256_set1_ps(w);
-                for (l, a) in acc.iter_mut().enumerate().take(lanes) {
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(l * 8)), wv, *a);
-                }
-            }
-            for (l, a) in acc.iter().enumerate().take(lanes) {
-                _mm256_storeu_ps(py.add(l * 8), *a);
-            }
-        }
-    }
-
     #[cfg(test)]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
@@ -331,6 +363,12 @@ fn has_avx2_fma() -> bool {
     std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
 }
 
+/// The strided kernels also widen f16 with F16C (every AVX2 CPU has it; checked anyway).
+#[cfg(target_arch = "x86_64")]
+fn has_strided_simd() -> bool {
+    has_avx2_fma() && std::is_x86_feature_detected!("f16c")
+}
+
 /// Σ a[i]·b[i] over the shorter length.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -354,12 +392,57 @@ pub fn dot4(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
     dot4_generic(x, w)
 }
 
-/// `out[i] = scale · dot(q, base[i·stride ..][..q.len()])` for every `i < out.len()`.
+/// An element type of the KV cache the strided attention kernels read: f32 or f16.
+pub trait KvElement: Copy + Send + Sync + 'static
+where
+    f32: From<Self>,
+{
+    /// The AVX2 kernels for this type.
+    #[cfg(target_arch = "x86_64")]
+    #[doc(hidden)]
+    unsafe fn dots_avx2(q: &[f32], base: &[Self], stride: usize, scale: f32, out: &mut [f32]);
+    /// See [`KvElement::dots_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[doc(hidden)]
+    unsafe fn axpy_avx2(p: &[f32], base: &[Self], stride: usize, y: &mut [f32]);
+}
+
+impl KvElement for f32 {
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_avx2(q: &[f32], base: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+        // SAFETY: forwarded from the caller.
+        unsafe { avx2::dots_strided(q, base, stride, scale, out) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn axpy_avx2(p: &[f32], base: &[f32], stride: usize, y: &mut [f32]) {
+        // SAFETY: forwarded from the caller.
+        unsafe { avx2::axpy_strided(p, base, stride, y) }
+    }
+}
+
+impl KvElement for half::f16 {
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_avx2(q: &[f32], base: &[half::f16], stride: usize, scale: f32, out: &mut [f32]) {
+        // SAFETY: forwarded from the caller.
+        unsafe { avx2::dots_strided_f16(q, base, stride, scale, out) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn axpy_avx2(p: &[f32], base: &[half::f16], stride: usize, y: &mut [f32]) {
+        // SAFETY: forwarded from the caller.
+        unsafe { avx2::axpy_strided_f16(p, base, stride, y) }
+    }
+}
+
+/// `out[i] = scale · dot(q, base[i·stride ..][..q.len()])` for every `i < out.len()`, the
+/// keys f32 or f16.
 ///
 /// # Panics
 /// If `base` is shorter than the last row needs.
 #[inline]
-pub fn dots_strided(q: &[f32], base: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+pub fn dots_strided<T: KvElement>(q: &[f32], base: &[T], stride: usize, scale: f32, out: &mut [f32])
+where
+    f32: From<T>,
+{
     if out.is_empty() {
         return;
     }
@@ -368,19 +451,22 @@ pub fn dots_strided(q: &[f32], base: &[f32], stride: usize, scale: f32, out: &mu
         "dots_strided: base too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
+    if has_strided_simd() {
         // SAFETY: the CPU supports the features; every row read is inside `base` (checked).
-        return unsafe { avx2::dots_strided(q, base, stride, scale, out) };
+        return unsafe { T::dots_avx2(q, base, stride, scale, out) };
     }
     dots_strided_generic(q, base, stride, scale, out)
 }
 
-/// `y += Σᵢ p[i] · base[i·stride ..][..y.len()]`.
+/// `y += Σᵢ p[i] · base[i·stride ..][..y.len()]`, the values f32 or f16.
 ///
 /// # Panics
 /// If `base` is shorter than the last row needs.
 #[inline]
-pub fn axpy_strided(p: &[f32], base: &[f32], stride: usize, y: &mut [f32]) {
+pub fn axpy_strided<T: KvElement>(p: &[f32], base: &[T], stride: usize, y: &mut [f32])
+where
+    f32: From<T>,
+{
     if p.is_empty() {
         return;
     }
@@ -389,9 +475,9 @@ pub fn axpy_strided(p: &[f32], base: &[f32], stride: usize, y: &mut [f32]) {
         "axpy_strided: base too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
+    if has_strided_simd() {
         // SAFETY: the CPU supports the features; every row read is inside `base` (checked).
-        return unsafe { avx2::axpy_strided(p, base, stride, y) };
+        return unsafe { T::axpy_avx2(p, base, stride, y) };
     }
     axpy_strided_generic(p, base, stride, y)
 }
@@ -483,6 +569,24 @@ mod tests {
             axpy_strided_generic(&p, &base, stride, &mut y_ref);
             for (g, w) in y.iter().zip(&y_ref) {
                 assert!((g - w).abs() < 1e-5, "d={d}: {g} vs {w}");
+            }
+            // The same through an f16 copy of the rows, against the portable loop over it
+            // and against the f32 kernel over the widened values.
+            let half: Vec<half::f16> = base.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let wide: Vec<f32> = half.iter().map(|v| v.to_f32()).collect();
+            let (mut got, mut want, mut f32s) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+            dots_strided(&q, &half, stride, 0.5, &mut got);
+            dots_strided_generic(&q, &half, stride, 0.5, &mut want);
+            dots_strided(&q, &wide, stride, 0.5, &mut f32s);
+            for ((g, w), f) in got.iter().zip(&want).zip(&f32s) {
+                assert!((g - w).abs() < 1e-4, "f16 d={d}: {g} vs {w}");
+                assert_eq!(g.to_bits(), f.to_bits(), "f16 d={d}: widening is exact");
+            }
+            let (mut y, mut y_ref) = (q.clone(), q.clone());
+            axpy_strided(&p, &half, stride, &mut y);
+            axpy_strided_generic(&p, &half, stride, &mut y_ref);
+            for (g, w) in y.iter().zip(&y_ref) {
+                assert!((g - w).abs() < 1e-5, "f16 d={d}: {g} vs {w}");
             }
         }
     }

@@ -45,6 +45,8 @@ pub struct MetricsConfig {
     pub max_num_batched_tokens: usize,
     /// `cache_config_info` labels.
     pub max_model_len: usize,
+    /// `cache_config_info` labels: the KV cache's element type (`f32`, `f16`).
+    pub cache_dtype: &'static str,
 }
 
 impl MetricsConfig {
@@ -61,6 +63,7 @@ impl MetricsConfig {
             max_num_seqs: s.max_num_seqs,
             max_num_batched_tokens: s.max_num_batched_tokens,
             max_model_len: s.max_model_len,
+            cache_dtype: config.model.kv_dtype.name(),
         }
     }
 }
@@ -241,6 +244,7 @@ impl EngineMetrics {
                 "max_num_seqs",
                 "max_num_batched_tokens",
                 "max_model_len",
+                "cache_dtype",
             ],
         );
 
@@ -459,6 +463,7 @@ impl EngineMetrics {
                     &cfg.max_num_seqs.to_string(),
                     &cfg.max_num_batched_tokens.to_string(),
                     &cfg.max_model_len.to_string(),
+                    cfg.cache_dtype,
                 ])
                 .set(1);
                 RankSeries {

@@ -396,6 +396,7 @@ fn llama_spec(c: &Value, dir: &Path) -> Result<(ModelSpec, bool), HfError> {
         rms_norm_eps: float("rms_norm_eps", 1e-6) as f32,
         rope_style: RopeStyle::Halves,
         weight_dtype: super::WeightDtype::F32,
+        kv_dtype: crate::backend::KvDtype::F32,
     };
     Ok((spec, c["tie_word_embeddings"].as_bool().unwrap_or(false)))
 }

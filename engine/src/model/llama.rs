@@ -197,6 +197,7 @@ impl<B: Backend> LlamaModel<B> {
             block_size,
             num_kv_heads: self.spec.num_kv_heads,
             head_dim: self.spec.head_dim,
+            dtype: self.spec.kv_dtype,
         }
     }
 

@@ -43,6 +43,9 @@ pub struct ModelSpec {
     /// The type generated weight matrices are stored in. Model files keep their own types;
     /// this only decides what synthetic weights become on upload.
     pub weight_dtype: WeightDtype,
+    /// Element type of the KV cache: f32 unless the engine's `--kv-cache-dtype` resolves
+    /// otherwise (f16 for GGUF files on the CPU, as llama.cpp).
+    pub kv_dtype: crate::backend::KvDtype,
 }
 
 /// Storage type of synthetic weight matrices.
@@ -379,6 +382,7 @@ impl ModelSpec {
                 rms_norm_eps: 1e-5,
                 rope_style: RopeStyle::Halves,
                 weight_dtype: WeightDtype::F32,
+                kv_dtype: crate::backend::KvDtype::F32,
             },
             // About 25 M parameters: a CPU benchmark model whose steps cost milliseconds.
             "small" => Self {
@@ -395,6 +399,7 @@ impl ModelSpec {
                 rms_norm_eps: 1e-5,
                 rope_style: RopeStyle::Halves,
                 weight_dtype: WeightDtype::F32,
+                kv_dtype: crate::backend::KvDtype::F32,
             },
             // Llama-3-8B's shapes, so GPU benchmarks run at a realistic size.
             "llama-3-8b" => Self {
@@ -411,6 +416,7 @@ impl ModelSpec {
                 rms_norm_eps: 1e-5,
                 rope_style: RopeStyle::Halves,
                 weight_dtype: WeightDtype::Bf16,
+                kv_dtype: crate::backend::KvDtype::F32,
             },
             other => return Err(ModelError::UnknownSynthetic(other.to_string())),
         };

@@ -2,7 +2,9 @@
 
 use super::*;
 use ballast_engine::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
-use ballast_engine::backend::{Backend, HostWeight, KvLayout, RopeStyle, SeqSlice, StepMetadata};
+use ballast_engine::backend::{
+    Backend, HostWeight, KvDtype, KvLayout, RopeStyle, SeqSlice, StepMetadata,
+};
 use ballast_engine::sampling::{SampleSpec, sample_row as engine_sample_row};
 use ballast_rng::SplitMix64;
 
@@ -153,6 +155,7 @@ fn attention_case(rng: &mut SplitMix64, decode: bool) -> AttnCase {
         block_size,
         num_kv_heads,
         head_dim,
+        dtype: KvDtype::F32,
     };
     let stride = layout.token_stride();
     let mut free: Vec<u32> = (0..num_blocks as u32).collect();

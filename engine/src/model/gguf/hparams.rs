@@ -137,6 +137,7 @@ impl<D: Deref<Target = [u8]>> GgufFile<D> {
             // llama.cpp's converter permutes Llama Q/K rows for its pairwise rotation.
             rope_style: RopeStyle::Pairs,
             weight_dtype: crate::model::WeightDtype::F32,
+            kv_dtype: crate::backend::KvDtype::F32,
         })
     }
 

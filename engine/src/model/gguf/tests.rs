@@ -535,6 +535,7 @@ fn llama_spec_reads_every_hyperparameter() {
             rms_norm_eps: 1e-5,
             rope_style: crate::backend::RopeStyle::Pairs,
             weight_dtype: crate::model::WeightDtype::F32,
+            kv_dtype: crate::backend::KvDtype::F32,
         }
     );
 }
