@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, StepMetadata};
+use ballast_engine::backend::{Backend, KvDtype, StepMetadata};
 use ballast_engine::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
 };
@@ -69,7 +69,13 @@ fn main() {
         .filter(|t| t.dims.len() == 2)
         .map(|t| t.n_bytes)
         .sum();
-    let spec = resolved.spec;
+    let mut spec = resolved.spec;
+    // The engine's `--kv-cache-dtype auto` for a GGUF file on the CPU, unless
+    // BALLAST_KV_CACHE_DTYPE=f32 asks for the exact cache.
+    spec.kv_dtype = match std::env::var("BALLAST_KV_CACHE_DTYPE").as_deref() {
+        Ok("f32") => KvDtype::F32,
+        _ => KvDtype::F16,
+    };
     let weights = Arc::new(LlamaWeights::upload(&CpuBackend, &spec, (*tensors).clone()));
     let model = LlamaModel::new(spec, CpuBackend, weights);
     let bandwidth = read_bandwidth();
@@ -102,6 +108,7 @@ fn main() {
         "int8 kernel        {}",
         ballast_engine::backend::quant::int8_kernel_name()
     );
+    println!("kv cache           {}", model.spec.kv_dtype.name());
     println!("weights per step   {:.1} MB", weight_bytes as f64 / 1e6);
     println!("read bandwidth     {:.1} GB/s", bandwidth / 1e9);
     println!("roofline           {roofline:.0} tok/s");
