@@ -66,34 +66,41 @@ pub struct CpuKvCache {
 }
 
 /// One layer's K or V array, in the cache's element type.
+///
+/// f16 values are kept as their bits (`u16`): a zeroed `Vec<u16>` comes from the allocator's
+/// zeroed pages, which become resident only as blocks fill, where `vec![f16::ZERO; n]`
+/// would write (and make resident) the whole pool at start.
 #[derive(Debug)]
 enum KvArray {
     F32(Vec<f32>),
-    F16(Vec<half::f16>),
+    F16(Vec<u16>),
 }
 
 impl KvArray {
     fn zeros(dtype: KvDtype, len: usize) -> Self {
         match dtype {
             KvDtype::F32 => KvArray::F32(vec![0.0; len]),
-            KvDtype::F16 => KvArray::F16(vec![half::f16::ZERO; len]),
+            KvDtype::F16 => KvArray::F16(vec![0; len]),
         }
     }
 
     /// Stores `src` at `at` (rounding to nearest even for f16).
     fn write(&mut self, at: usize, src: &[f32]) {
-        use half::slice::HalfFloatSliceExt;
+        use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
         match self {
             KvArray::F32(a) => a[at..at + src.len()].copy_from_slice(src),
-            KvArray::F16(a) => a[at..at + src.len()].convert_from_f32_slice(src),
+            KvArray::F16(a) => a[at..at + src.len()]
+                .reinterpret_cast_mut::<half::f16>()
+                .convert_from_f32_slice(src),
         }
     }
 
     /// `len` elements from `at`, as f32.
     fn read(&self, at: usize, len: usize) -> Vec<f32> {
+        use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
         match self {
             KvArray::F32(a) => a[at..at + len].to_vec(),
-            KvArray::F16(a) => a[at..at + len].iter().map(|v| v.to_f32()).collect(),
+            KvArray::F16(a) => a[at..at + len].reinterpret_cast::<half::f16>().to_f32_vec(),
         }
     }
 }
@@ -448,7 +455,11 @@ impl Backend for CpuBackend {
     ) -> CpuTensor {
         match (&cache.k[layer], &cache.v[layer]) {
             (KvArray::F32(k), KvArray::F32(v)) => attention(q, k, v, cache.layout, meta, num_heads),
-            (KvArray::F16(k), KvArray::F16(v)) => attention(q, k, v, cache.layout, meta, num_heads),
+            (KvArray::F16(k), KvArray::F16(v)) => {
+                use half::slice::HalfBitsSliceExt;
+                let (k, v) = (k.reinterpret_cast::<half::f16>(), v.reinterpret_cast());
+                attention(q, k, v, cache.layout, meta, num_heads)
+            }
             _ => unreachable!("K and V of a layer share the cache's element type"),
         }
     }
