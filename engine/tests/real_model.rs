@@ -22,9 +22,19 @@ const FORCED_TOP1_SHARE: f64 = 0.95;
 
 /// Largest difference allowed between Ballast's and llama.cpp's first-step logits, over
 /// llama.cpp's 16 largest. Both read the same quantized weights; they differ in how they
-/// round activations (llama.cpp keeps 8-bit activation scales and the KV cache in f16,
-/// Ballast in f32) and in summation order.
-const LOGIT_TOLERANCE: f32 = 0.5;
+/// round activations (llama.cpp keeps 8-bit activation scales in f16, Ballast in f32) and in
+/// summation order. Measured: 0.17–0.43 with the AVX-512 panel kernel and either KV
+/// precision, 0.23–0.47 with the file-layout kernels and an f32 cache, 0.23–0.66 with those
+/// and an f16 cache. Arithmetically equivalent kernels (the same integer sums, summed in
+/// another order) land up to 1.15 apart from each other somewhere among the 49,152 logits
+/// (see docs/models.md), so this bounds drift, not exactness.
+const LOGIT_TOLERANCE: f32 = 0.75;
+
+/// Where a free-running run leaves llama.cpp's tokens, llama.cpp's token may score at most
+/// this far below Ballast's choice: a near-tie, which any change of rounding may resolve
+/// either way (measured: 0.002–0.204). A forward pass with decode positions off by three left
+/// it at a split 2.15 apart.
+const SPLIT_TOLERANCE: f32 = 0.5;
 
 /// Whether the model is cached; without it the test skips, unless it is required (see
 /// [`cached_model_or_skip`]).
@@ -97,7 +107,7 @@ fn ids(v: &Value) -> Vec<u32> {
 /// kernel was reworked; see docs/models.md). A count of identical runs therefore measures
 /// rounding luck, not correctness. What separates a correct forward pass from a wrong one is
 /// where the runs split: a correct one leaves llama.cpp's path only where llama.cpp's token
-/// was within [`LOGIT_TOLERANCE`] of its own choice (measured: 0.002–0.204), a wrong one
+/// was within [`SPLIT_TOLERANCE`] of its own choice, a wrong one
 /// leaves it at tokens it scores far apart. The first token must agree on at least 4 of the 5
 /// prompts, its logits within [`LOGIT_TOLERANCE`] on all, and the runs must follow llama.cpp
 /// about as far as llama.cpp's two precisions follow each other.
@@ -215,9 +225,9 @@ fn check_greedy(model: &LlamaModel<CpuBackend>, dtype: KvDtype, want_key: &str, 
          run follows its f32-KV run for {self_mean:.1}:\n{report}"
     );
     assert!(
-        worst_gap <= LOGIT_TOLERANCE,
+        worst_gap <= SPLIT_TOLERANCE,
         "a run left llama.cpp's tokens where llama.cpp's choice scored {worst_gap:.3} below \
-         Ballast's (more than {LOGIT_TOLERANCE}):\n{report}"
+         Ballast's (more than {SPLIT_TOLERANCE}):\n{report}"
     );
 }
 
