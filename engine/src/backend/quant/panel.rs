@@ -405,6 +405,11 @@ mod avx512 {
                 // runs of `cargo bench --bench real_model`). Past a slab's end it fetches for
                 // another task, and a prefetch never faults.
                 let ahead = P * self.panel_bytes;
+                // The 64 quant bytes at `at` of panel `p`, asking for the next tile's.
+                let quants = |p: usize, at: usize| {
+                    _mm_prefetch::<_MM_HINT_T0>(panel(p).wrapping_add(ahead + at) as *const i8);
+                    _mm512_load_si512(panel(p).add(at) as *const __m512i)
+                };
                 for b in 0..nb {
                     let mut sum = [[_mm512_setzero_si512(); R]; P];
                     if off != 0 {
@@ -418,11 +423,7 @@ mod avx512 {
                     if F == Q8 {
                         for g in 0..8 {
                             for p in 0..P {
-                                let at = b * self.qb + g * 64;
-                                _mm_prefetch::<_MM_HINT_T0>(
-                                    panel(p).wrapping_add(ahead + at) as *const i8
-                                );
-                                let v = _mm512_load_si512(panel(p).add(at) as *const __m512i);
+                                let v = quants(p, b * self.qb + g * 64);
                                 for r in 0..R {
                                     sum[p][r] = _mm512_dpbusd_epi32(sum[p][r], v, xb(r, b, 4 * g));
                                 }
@@ -431,11 +432,7 @@ mod avx512 {
                     } else {
                         for h in 0..4 {
                             for p in 0..P {
-                                let at = b * self.qb + h * 64;
-                                _mm_prefetch::<_MM_HINT_T0>(
-                                    panel(p).wrapping_add(ahead + at) as *const i8
-                                );
-                                let v = _mm512_load_si512(panel(p).add(at) as *const __m512i);
+                                let v = quants(p, b * self.qb + h * 64);
                                 let lo = _mm512_and_si512(v, low4);
                                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
                                 for r in 0..R {
