@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 /// A fleet of LLM inference replicas that Ballast scales, rebalances or holds on what the
 /// replicas report about themselves.
 // Several `printcolumn(type_ = …)` look like duplicated attributes to clippy; they are not.
+// The short name is `bisvc` ("Ballast InferenceService"), not `isvc`: KServe's
+// InferenceService claims `isvc`, and with both CRDs installed `kubectl get isvc` would pick
+// one of them. Short names are cluster-wide, so a change here breaks users' scripts: do not.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -20,7 +23,7 @@ use serde::{Deserialize, Serialize};
     kind = "InferenceService",
     plural = "inferenceservices",
     doc = "A fleet of LLM inference replicas that Ballast scales, rebalances or holds on what the replicas report about themselves.",
-    shortname = "isvc",
+    shortname = "bisvc",
     namespaced,
     status = "InferenceServiceStatus",
     scale(

@@ -16,3 +16,19 @@ fn committed_crd_matches_the_types() {
         "{path} differs from the types; regenerate with `ballast crd > {path}` (or BALLAST_UPDATE_CRD=1 cargo test -p ballast-crds)"
     );
 }
+
+/// `isvc` is KServe's short name for its own InferenceService: on a cluster with both, a
+/// shared short name makes `kubectl get isvc` ambiguous. Ballast's is `bisvc`, only.
+#[test]
+fn the_short_name_is_bisvc_and_not_kserves() {
+    use kube::CustomResourceExt;
+    let crd = ballast_crds::InferenceService::crd();
+    assert_eq!(
+        crd.spec.names.short_names.as_deref(),
+        Some(&["bisvc".to_string()][..])
+    );
+    assert!(
+        !ballast_crds::crd_yaml().contains("- isvc"),
+        "no other short name in the YAML"
+    );
+}
