@@ -13,5 +13,6 @@
 //! [`cluster::binaries`] says so and the suite skips.
 
 pub mod cluster;
+pub mod image;
 pub mod kubelet;
 pub mod proxy;
