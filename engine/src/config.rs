@@ -218,7 +218,21 @@ pub struct EngineArgs {
     #[arg(long, env = "BALLAST_OTLP_TRACES_ENDPOINT", value_name = "URL")]
     pub otlp_traces_endpoint: Option<String>,
 
-    /// On SIGTERM, seconds to wait for in-flight requests before aborting them.
+    /// On SIGTERM, seconds to keep admitting new requests before draining: every response
+    /// says `Connection: close` and `/health` answers 503, so load balancers and pooled
+    /// client connections move to other replicas first. 0 (a bare process: nothing routes
+    /// to it after the signal) drains at once; behind a Kubernetes Service use a few
+    /// seconds, longer than the endpoint update takes to reach every node.
+    #[arg(
+        long,
+        env = "BALLAST_SHUTDOWN_DELAY",
+        value_name = "SECS",
+        default_value_t = 0.0
+    )]
+    pub shutdown_delay: f64,
+
+    /// On SIGTERM, after --shutdown-delay, seconds to wait for in-flight requests before
+    /// aborting them.
     #[arg(
         long,
         env = "BALLAST_DRAIN_TIMEOUT",
@@ -275,6 +289,16 @@ impl From<ModelError> for ConfigError {
     }
 }
 
+/// A non-negative number of seconds as a duration; NaN, negatives and values too large for
+/// a duration are refused (never a panic).
+fn seconds(flag: &'static str, secs: f64) -> Result<std::time::Duration, ConfigError> {
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(bad(flag, "must be a non-negative number of seconds"));
+    }
+    std::time::Duration::try_from_secs_f64(secs)
+        .map_err(|_| bad(flag, format!("{secs} seconds is too long")))
+}
+
 /// Default KV memory per rank when `--num-kv-blocks` is not given.
 const DEFAULT_KV_BYTES: usize = 256 << 20;
 
@@ -309,7 +333,10 @@ pub struct EngineConfig {
     pub seed: u64,
     /// CPU kernel threads.
     pub cpu_threads: Option<usize>,
-    /// Drain limit on SIGTERM.
+    /// How long after SIGTERM new requests are still admitted (with `Connection: close`)
+    /// before the drain starts.
+    pub shutdown_delay: std::time::Duration,
+    /// Drain limit on SIGTERM (after the shutdown delay).
     pub drain_timeout: std::time::Duration,
     /// Statistics and logging.
     pub stats: StatsConfig,
@@ -413,12 +440,8 @@ impl EngineConfig {
                 graphs: a.cuda_graphs,
             },
         };
-        if !(a.drain_timeout.is_finite() && a.drain_timeout >= 0.0) {
-            return Err(bad(
-                "drain-timeout",
-                "must be a non-negative number of seconds",
-            ));
-        }
+        let drain_timeout = seconds("drain-timeout", a.drain_timeout)?;
+        let shutdown_delay = seconds("shutdown-delay", a.shutdown_delay)?;
         let per_token = 2 * model.num_layers * model.kv_size() * model.kv_dtype.size();
         let min_blocks = model.max_model_len.div_ceil(a.block_size);
         let num_blocks = match a.num_kv_blocks {
@@ -482,7 +505,8 @@ impl EngineConfig {
             max_running_per_tenant: a.max_running_per_tenant,
             seed: a.seed,
             cpu_threads: a.cpu_threads,
-            drain_timeout: std::time::Duration::from_secs_f64(a.drain_timeout),
+            shutdown_delay,
+            drain_timeout,
             stats: StatsConfig {
                 log_interval: std::time::Duration::from_secs_f64(a.log_stats_interval),
                 disable_log_stats: a.disable_log_stats,
@@ -550,6 +574,32 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.flag, "kv-cache-dtype", "{e}");
         assert!(Cli::try_parse_from(["engine", "--kv-cache-dtype", "int8"]).is_err());
+    }
+
+    #[test]
+    fn shutdown_delay_and_drain_timeout_are_durations_or_named_errors() {
+        let c = EngineConfig::from_args(&parse(&[])).unwrap();
+        assert_eq!(
+            c.shutdown_delay,
+            std::time::Duration::ZERO,
+            "a bare process"
+        );
+        assert_eq!(c.drain_timeout, std::time::Duration::from_secs(600));
+        let c = EngineConfig::from_args(&parse(&["--shutdown-delay", "2.5"])).unwrap();
+        assert_eq!(c.shutdown_delay, std::time::Duration::from_millis(2500));
+        // Repeated, the last one wins: the operator's value can be overridden by
+        // `spec.engine.args`, which come after it.
+        let c =
+            EngineConfig::from_args(&parse(&["--shutdown-delay", "5", "--shutdown-delay", "1"]))
+                .unwrap();
+        assert_eq!(c.shutdown_delay, std::time::Duration::from_secs(1));
+        for flag in ["shutdown-delay", "drain-timeout"] {
+            for bad in ["-1", "NaN", "inf", "1e300"] {
+                let e =
+                    EngineConfig::from_args(&parse(&[&format!("--{flag}"), bad])).expect_err(bad);
+                assert_eq!(e.flag, flag, "{bad}: {e}");
+            }
+        }
     }
 
     #[test]

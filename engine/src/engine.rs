@@ -1,7 +1,7 @@
 //! The engine handle the HTTP frontend uses: admission, dispatch, per-request streams,
 //! draining and shutdown around the rank threads of [`crate::core`].
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -69,6 +69,20 @@ pub enum SubmitError {
     TooLarge(String),
 }
 
+/// Where the process is in its shutdown (SIGTERM), as the HTTP server drives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ShutdownPhase {
+    /// No shutdown signal yet.
+    Running = 0,
+    /// Signalled, inside `--shutdown-delay`: still admitting, but every HTTP/1 response
+    /// says `Connection: close` and `/health` answers 503 `terminating`.
+    Delaying = 1,
+    /// Draining for good: new requests get 503, in-flight ones finish; the control API's
+    /// `Resume` cannot undo it.
+    Draining = 2,
+}
+
 struct Inner {
     config: EngineConfig,
     tokenizer: Arc<dyn Tokenizer>,
@@ -84,6 +98,8 @@ struct Inner {
     board: Arc<ControlBoard>,
     next_id: AtomicU64,
     draining: AtomicBool,
+    /// A [`ShutdownPhase`] as its `u8`.
+    shutdown: AtomicU8,
     in_flight: watch::Sender<usize>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -242,6 +258,7 @@ impl Engine {
                 board,
                 next_id: AtomicU64::new(1),
                 draining: AtomicBool::new(false),
+                shutdown: AtomicU8::new(ShutdownPhase::Running as u8),
                 in_flight: watch::Sender::new(0),
                 threads: Mutex::new(threads),
             }),
@@ -409,9 +426,33 @@ impl Engine {
         self.inner.draining.store(true, Ordering::SeqCst);
     }
 
-    /// Admits new requests again after [`Self::begin_drain`] (control API `Resume`).
+    /// Admits new requests again after [`Self::begin_drain`] (control API `Resume`); does
+    /// nothing once the shutdown drain began ([`ShutdownPhase::Draining`]): a process on
+    /// its way out does not take new work.
     pub fn resume(&self) {
+        if self.shutdown_phase() == ShutdownPhase::Draining {
+            tracing::warn!("resume ignored: the process is shutting down");
+            return;
+        }
         self.inner.draining.store(false, Ordering::SeqCst);
+    }
+
+    /// Moves the shutdown forward to `phase` (never back); [`ShutdownPhase::Draining`] also
+    /// stops admitting, as [`Self::begin_drain`] does.
+    pub fn advance_shutdown(&self, phase: ShutdownPhase) {
+        self.inner.shutdown.fetch_max(phase as u8, Ordering::SeqCst);
+        if phase == ShutdownPhase::Draining {
+            self.begin_drain();
+        }
+    }
+
+    /// Where the shutdown is.
+    pub fn shutdown_phase(&self) -> ShutdownPhase {
+        match self.inner.shutdown.load(Ordering::SeqCst) {
+            0 => ShutdownPhase::Running,
+            1 => ShutdownPhase::Delaying,
+            _ => ShutdownPhase::Draining,
+        }
     }
 
     /// Latest per-rank state for the control API.

@@ -1,11 +1,13 @@
 //! The OpenAI-compatible HTTP frontend: `/v1/completions`, `/v1/chat/completions`,
-//! `/v1/models`, `/health`, `/metrics`; and the SIGTERM drain.
+//! `/v1/models`, `/health`, `/metrics`; and the SIGTERM shutdown (delay, then drain).
 
 pub mod error;
 mod generate;
 mod http_metrics;
 pub mod protocol;
 
+use std::future::IntoFuture;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -17,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use tokio::sync::oneshot;
 
 pub use error::ApiError;
 use generate::{Endpoint, Job, unix_now};
@@ -25,7 +28,7 @@ use protocol::{
     parse_prompts,
 };
 
-use crate::engine::Engine;
+use crate::engine::{Engine, ShutdownPhase};
 use crate::spans::TraceContext;
 
 /// Largest accepted request body.
@@ -54,34 +57,98 @@ pub fn router(engine: Engine) -> Router {
             engine.clone(),
             http_metrics::track,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            engine.clone(),
+            close_when_shutting_down,
+        ))
         .with_state(engine)
 }
 
-/// Serves until `shutdown` resolves (the binary passes SIGTERM/SIGINT), then drains: new
-/// requests get 503, in-flight ones finish (or are aborted after `--drain-timeout`), the
-/// rank threads stop, and it returns.
+/// Serves until `shutdown` resolves (the binary passes SIGTERM/SIGINT), then shuts down in
+/// phases, each logged:
+///
+/// 1. *shutdown delay* (`--shutdown-delay`): new requests are still admitted, but every
+///    HTTP/1 response says `Connection: close` (so clients' pooled connections move to
+///    other replicas) and `/health` answers 503 `terminating` (so readiness probes and load
+///    balancers take this one out of rotation) — while endpoint updates still travel, no
+///    client that reaches this replica is refused;
+/// 2. *drain*: new requests get 503 `draining`, idle keep-alive connections are closed and
+///    busy ones close after their response; in-flight requests finish, or are aborted after
+///    `--drain-timeout`;
+/// 3. the connections close, the rank threads stop, and it returns.
 pub async fn serve(
     engine: Engine,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(engine.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(drain_after(shutdown, engine.clone()))
-        .await?;
+    let listener = SharedListener(Arc::new(listener));
+    // Two servers take turns on one listening socket: the first serves until the drain
+    // begins and then closes its connections (idle ones at once); the second takes over
+    // the socket for the drain, so a late connection is answered (503, `Connection:
+    // close`) rather than refused, and is not kept alive.
+    let (stop_serving, serving_stopped) = oneshot::channel::<()>();
+    let mut serving = tokio::spawn(
+        axum::serve(listener.clone(), app.clone())
+            .with_graceful_shutdown(async {
+                let _ = serving_stopped.await;
+            })
+            .into_future(),
+    );
+    shutdown.await;
+    let delay = engine.config().shutdown_delay;
+    if !delay.is_zero() {
+        engine.advance_shutdown(ShutdownPhase::Delaying);
+        tracing::info!(
+            delay_s = delay.as_secs_f64(),
+            in_flight = engine.in_flight(),
+            "shutting down: still admitting for the shutdown delay; responses say Connection: close, /health answers 503"
+        );
+        tokio::time::sleep(delay).await;
+    }
+    engine.advance_shutdown(ShutdownPhase::Draining);
+    tracing::info!(
+        in_flight = engine.in_flight(),
+        "draining: new requests get 503, idle connections are closed, in-flight requests finish"
+    );
+    let (stop_draining, draining_stopped) = oneshot::channel::<()>();
+    let mut draining = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = draining_stopped.await;
+            })
+            .into_future(),
+    );
+    let _ = stop_serving.send(());
+    drain(&engine).await;
+    let _ = stop_draining.send(());
+    for (name, task) in [("serving", &mut serving), ("draining", &mut draining)] {
+        match tokio::time::timeout(CLOSE_GRACE, &mut *task).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(e)) => return Err(std::io::Error::other(e)),
+            Err(_) => {
+                tracing::warn!(
+                    server = name,
+                    grace = ?CLOSE_GRACE,
+                    "connections still open after the drain; closing them"
+                );
+                task.abort();
+            }
+        }
+    }
+    tracing::info!("connections closed; stopping the engine");
     tokio::task::spawn_blocking(move || engine.shutdown())
         .await
         .map_err(std::io::Error::other)
 }
 
-async fn drain_after(shutdown: impl std::future::Future<Output = ()>, engine: Engine) {
-    shutdown.await;
+/// How long connections may stay open once every request is done (a client that sends
+/// half a request, say) before the process stops anyway.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Waits for the requests in flight, aborting them after `--drain-timeout`.
+async fn drain(engine: &Engine) {
     let timeout = engine.config().drain_timeout;
-    tracing::info!(
-        in_flight = engine.in_flight(),
-        "draining: new requests get 503"
-    );
-    engine.begin_drain();
     if !engine.wait_idle(timeout).await {
         tracing::warn!(
             in_flight = engine.in_flight(),
@@ -92,6 +159,60 @@ async fn drain_after(shutdown: impl std::future::Future<Output = ()>, engine: En
         engine.wait_idle(Duration::from_secs(10)).await;
     }
     tracing::info!("drained");
+}
+
+/// One listening socket shared by the servers of [`serve`]'s phases.
+#[derive(Clone)]
+struct SharedListener(Arc<tokio::net::TcpListener>);
+
+impl axum::serve::Listener for SharedListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok(conn) => return conn,
+                // The peer gave up before we accepted: nothing to do.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::ConnectionRefused
+                    ) => {}
+                // Out of file descriptors, most likely: wait for some to be closed.
+                Err(e) => {
+                    tracing::error!("accept error: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+/// Middleware: from the shutdown signal on, every HTTP/1 response carries `Connection:
+/// close`, so hyper closes the connection after it and the client's next request opens a
+/// new one, which the Service sends to another replica. (HTTP/2 has no such header; its
+/// connections get a GOAWAY when the drain starts.)
+async fn close_when_shutting_down(
+    State(engine): State<Engine>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let http1 = req.version() <= axum::http::Version::HTTP_11;
+    let mut resp = next.run(req).await;
+    if http1 && engine.shutdown_phase() != ShutdownPhase::Running {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 async fn completions(
@@ -338,7 +459,13 @@ async fn models(State(engine): State<Engine>) -> Json<serde_json::Value> {
 }
 
 async fn health(State(engine): State<Engine>) -> Response {
-    if engine.is_draining() {
+    if engine.shutdown_phase() == ShutdownPhase::Delaying {
+        ApiError::unavailable(
+            "terminating: the shutdown signal came; requests are still served until the shutdown delay ends, then it drains",
+            "terminating",
+        )
+        .into_response()
+    } else if engine.is_draining() {
         ApiError::unavailable("draining", "draining").into_response()
     } else if !engine.core_alive() {
         ApiError::unavailable("the engine core stopped", "engine_stopped").into_response()
