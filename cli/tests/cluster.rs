@@ -1,22 +1,27 @@
-//! `ballast operator` end to end on a real Kubernetes control plane (kube-apiserver,
-//! kube-controller-manager, kube-scheduler and etcd on loopback; see `e2e/`), with the
-//! process kubelet running engine pods as local processes and a kube-proxy stand-in sending
-//! load to the ready pods. The operator is installed from the rendered Helm chart
-//! (`charts/ballast`): its CRD, RBAC and a two-replica Deployment with leader election,
-//! each pod a process with its ServiceAccount's credentials.
+//! Ballast as users run it, end to end on a real Kubernetes cluster on this machine (see
+//! `e2e/`): the control plane (etcd, kube-apiserver with PodSecurity admission,
+//! kube-controller-manager, kube-scheduler) and a real node (containerd with runc, a CNI
+//! bridge, the kubelet, kube-proxy).
 //!
-//! Skips (saying why) when the control-plane binaries are not installed; set
-//! `BALLAST_REQUIRE_E2E=1` to make that a failure. docs/e2e.md says how to build them.
+//! The `ballast` binary under test goes into an image built from the project's
+//! Dockerfile with buildah, on a runtime base assembled from Debian packages, loaded into
+//! the node's containerd. The chart is installed by real Helm (its Go SDK, through
+//! `ballast-helm`) into a namespace that PodSecurity holds to `restricted`; the operator
+//! runs in-cluster from the image with its ServiceAccount's projected token, and makes
+//! engine pods from the same image in another `restricted` namespace. Load goes through
+//! each Service's cluster IP, routed by kube-proxy to the pods of its EndpointSlices.
+//!
+//! Skips (saying why) when the cluster's programs are not installed or this is not root;
+//! set `BALLAST_REQUIRE_E2E=1` to make that a failure. docs/e2e.md says how to install them.
 
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ballast_e2e::Cluster;
 use ballast_e2e::cluster::{ControlPlane, binaries};
-use ballast_e2e::kubelet::{self, KubeletConfig};
-use ballast_e2e::proxy;
 use common::get;
 use serde_json::Value;
 
@@ -24,11 +29,32 @@ fn ballast() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ballast"))
 }
 
-/// One operator pod of the chart's Deployment, run by the process kubelet.
+/// The namespace the chart is installed in.
+const OPERATOR_NS: &str = "ballast-system";
+/// The namespace of the InferenceServices.
+const NS: &str = "e2e";
+/// The image built from the Dockerfile and loaded into the node.
+const IMAGE: &str = "localhost/ballast:e2e";
+
+/// Values of the chart for this cluster: the image loaded into the node (never pulled: no
+/// registry is reachable), and a short Lease so failover is quick.
+const CHART_VALUES: &str = r#"
+image: {repository: localhost/ballast, tag: e2e, pullPolicy: Never}
+operator:
+  leaderElection: {leaseSeconds: 6}
+  logLevel: info
+"#;
+
+/// The PodSecurity labels of a namespace whose pods must meet the `restricted` profile.
+const RESTRICTED: [&str; 2] = [
+    "pod-security.kubernetes.io/enforce=restricted",
+    "pod-security.kubernetes.io/enforce-version=v1.28",
+];
+
+/// One operator pod of the chart's Deployment.
 struct OperatorPod {
     name: String,
     metrics: String,
-    log: PathBuf,
 }
 
 impl OperatorPod {
@@ -49,96 +75,200 @@ impl OperatorPod {
     }
 }
 
-/// The namespace the chart is installed in.
-const OPERATOR_NS: &str = "ballast-system";
+/// The test's view of the cluster, for its helpers and failure messages.
+struct World {
+    cluster: Cluster,
+    dir: PathBuf,
+}
 
-/// Values of the chart for this cluster: the process kubelet maps the image's `ballast`
-/// command to the binary under test and gives every pod its own loopback IP, so the
-/// metrics port binds the pod IP; a short Lease makes failover quick.
-const CHART_VALUES: &str = r#"
-image: {repository: ballast, tag: e2e}
-operator:
-  metrics: {host: "$(POD_IP)"}
-  leaderElection: {leaseSeconds: 6}
-  logLevel: info
-"#;
+impl World {
+    fn cp(&self) -> &ControlPlane {
+        &self.cluster.cp
+    }
 
-/// The operator pods that run with an IP and are not being deleted.
-fn operator_pods(cp: &ControlPlane, dir: &Path) -> Vec<OperatorPod> {
-    let pods = json(
-        cp,
-        &[
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        self.cp()
+            .kubectl(&a)
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    fn status(&self, name: &str) -> Value {
+        self.json(&["get", "inferenceservice", name, "-n", NS])["status"].clone()
+    }
+
+    fn pods(&self, selector: &str) -> Vec<Value> {
+        self.json(&["get", "pods", "-n", NS, "-l", selector])["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The operator pods that run with an IP and are not being deleted.
+    fn operator_pods(&self) -> Vec<OperatorPod> {
+        let pods = self.json(&[
             "get",
             "pods",
             "-n",
             OPERATOR_NS,
             "-l",
             "app.kubernetes.io/component=operator",
-        ],
-    );
-    pods["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .filter_map(|p| {
-            let name = p["metadata"]["name"].as_str()?.to_string();
-            let ip = p["status"]["podIP"].as_str()?;
-            Some(OperatorPod {
-                metrics: format!("http://{ip}:8080"),
-                log: dir.join("pods").join(format!("{OPERATOR_NS}_{name}.log")),
-                name,
+        ]);
+        pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| {
+                Some(OperatorPod {
+                    name: p["metadata"]["name"].as_str()?.to_string(),
+                    metrics: format!("http://{}:8080", p["status"]["podIP"].as_str()?),
+                })
             })
-        })
-        .collect()
-}
+            .collect()
+    }
 
-/// Polls `f` until it returns `Some`, or panics with `what` and the operator's log.
-fn wait_for<T>(what: &str, timeout: Duration, log: &Path, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
+    /// What a failure message needs: the pods, the recent events, and the operator's log
+    /// lines as `kubectl logs` gives them.
+    fn diagnostics(&self) -> String {
+        let cp = self.cp();
+        let pods = cp
+            .kubectl(&["get", "pods", "-A", "-o", "wide"])
+            .unwrap_or_else(|e| e);
+        let events = cp
+            .kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"])
+            .unwrap_or_else(|e| e);
+        let events: Vec<&str> = events.lines().rev().take(25).collect();
+        let logs = cp
+            .kubectl(&[
+                "logs",
+                "-n",
+                OPERATOR_NS,
+                "-l",
+                "app.kubernetes.io/component=operator",
+                "--prefix",
+                "--tail",
+                "30",
+            ])
+            .unwrap_or_else(|e| e);
+        format!(
+            "pods:\n{pods}\nevents (newest first):\n{}\noperator logs:\n{logs}\nkubelet:\n{}",
+            events.join("\n"),
+            cp.log_tail("kubelet", 15)
+        )
+    }
+
+    /// Polls `f` until it returns `Some`, or panics with `what` and the diagnostics.
+    fn wait_for<T>(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}\n{}", self.diagnostics());
+            }
+            std::thread::sleep(Duration::from_millis(250));
         }
-        if Instant::now() > deadline {
-            let log = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            panic!(
-                "timed out waiting for {what}; operator log (newest first):\n{}",
-                tail.join("\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    /// `http://CLUSTER-IP:PORT` of the Service `name` (its `http` port).
+    fn service_url(&self, name: &str) -> String {
+        let svc = self.json(&["get", "service", name, "-n", NS]);
+        let ip = svc["spec"]["clusterIP"].as_str().expect("a cluster IP");
+        let port = svc["spec"]["ports"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == "http"))
+            .and_then(|p| p["port"].as_i64())
+            .expect("an http port");
+        format!("http://{ip}:{port}")
+    }
+
+    /// The addresses of the Service's EndpointSlices whose endpoints are ready.
+    fn ready_endpoints(&self, service: &str) -> Vec<String> {
+        let slices = self.json(&[
+            "get",
+            "endpointslices",
+            "-n",
+            NS,
+            "-l",
+            &format!("kubernetes.io/service-name={service}"),
+        ]);
+        let mut ips: Vec<String> = slices["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .filter(|e| e["conditions"]["ready"] == true)
+            .filter_map(|e| Some(e["addresses"][0].as_str()?.to_string()))
+            .collect();
+        ips.sort();
+        ips
+    }
+
+    /// The host pid of the first container of pod `ns/name`.
+    fn container_pid(&self, ns: &str, name: &str) -> Option<u32> {
+        let pod = self.json(&["get", "pod", name, "-n", ns]);
+        let id = pod["status"]["containerStatuses"][0]["containerID"].as_str()?;
+        self.cluster.node.container_pid(id)
     }
 }
 
-fn json(cp: &ControlPlane, args: &[&str]) -> Value {
-    let mut a = args.to_vec();
-    a.extend(["-o", "json"]);
-    cp.kubectl(&a)
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or(Value::Null)
-}
-
-fn status(cp: &ControlPlane, ns: &str, name: &str) -> Value {
-    json(cp, &["get", "inferenceservice", name, "-n", ns])["status"].clone()
-}
-
-/// The pid of the engine process serving on `ip` (the pod's loopback address).
-fn engine_pid(ip: &str) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        (cmd.contains(" engine ") && cmd.contains(&format!("--host {ip} "))).then_some(pid)
-    })
-}
-
-fn isvc(ns: &str, name: &str, spec: &str) -> String {
+fn isvc(name: &str, spec: &str) -> String {
     format!(
-        "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n"
+        "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: {name}, namespace: {NS}}}\nspec: {spec}\n"
     )
+}
+
+fn selector(name: &str) -> String {
+    format!("app.kubernetes.io/instance={name},app.kubernetes.io/name=ballast-engine")
+}
+
+/// `ballast bench` against `url` in the background, writing its JSON report to `report`.
+fn bench(url: &str, report: &Path, args: &[&str]) -> Child {
+    Command::new(ballast())
+        .args(["bench", "--url", url, "--no-progress", "--json"])
+        .arg(report)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a bench started by [`bench`] and returns its report; panics if any request
+/// failed or fewer than `min_ok` succeeded.
+fn bench_report(mut child: Child, report: &Path, min_ok: u64, what: &str) -> Value {
+    assert!(child.wait().unwrap().success(), "{what}: bench failed");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    assert_eq!(r["requests"]["failed"], 0, "{what}: {r:#}");
+    assert!(
+        r["requests"]["ok"].as_u64().unwrap_or(0) >= min_ok,
+        "{what}: {r:#}"
+    );
+    r
+}
+
+/// A process's uid, effective capabilities and whether its root filesystem is read-only,
+/// from `/proc`.
+fn process_facts(pid: u32) -> (String, String, bool) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().next().unwrap_or_default().to_string())
+            .unwrap_or_default()
+    };
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root_ro = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        f.len() > 5 && f[4] == "/" && f[5].split(',').any(|o| o == "ro")
+    });
+    (field("Uid:"), field("CapEff:"), root_ro)
 }
 
 /// The part of the Prometheus Operator's ServiceMonitor CRD the operator needs: the
@@ -162,8 +292,8 @@ spec:
 const FLEET: &str = "{model: {source: 'synthetic:tiny'}, engine: {maxNumSeqs: 2}, autoscaling: {minReplicas: 1, maxReplicas: 3, behavior: {scaleDown: {stabilizationWindowSeconds: 6}}}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}";
 
 #[test]
-fn the_operator_on_a_real_control_plane() {
-    let bin = match binaries() {
+fn ballast_on_a_real_cluster() {
+    let bin = match binaries().and_then(|b| ballast_e2e::image::tools().map(|()| b)) {
         Ok(b) => b,
         Err(why) => {
             assert!(
@@ -174,66 +304,52 @@ fn the_operator_on_a_real_control_plane() {
             return;
         }
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let t0 = Instant::now();
     let dir = std::env::temp_dir().join(format!("ballast-cluster-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("pods")).unwrap();
-    let cp = ControlPlane::start(&bin, &dir).unwrap_or_else(|e| panic!("control plane: {e}"));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = runtime.block_on(cp.client()).unwrap();
-    let _kubelet = runtime
-        .block_on(kubelet::start(
-            client.clone(),
-            KubeletConfig {
-                node: "e2e-node".into(),
-                commands: [("ballast".to_string(), ballast())].into(),
-                log_dir: dir.join("pods"),
-                credentials: Some(cp.credentials()),
-            },
-        ))
-        .unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = Cluster::start(&bin, &dir).unwrap_or_else(|e| panic!("the cluster: {e}"));
+    let started = t0.elapsed();
+    let w = World {
+        cluster,
+        dir: dir.clone(),
+    };
+    let cp = w.cp();
 
-    // The chart, rendered as `helm install ballast charts/ballast -n ballast-system` would
-    // render it: its CRD first, then every template. The API server validates each
-    // object; the Deployment's two operator pods elect a leader.
-    let chart =
-        ballast_chart::Chart::load(concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/ballast"))
-            .unwrap();
-    let rendered = chart
-        .render(
-            &ballast_chart::RenderOptions::new("ballast", OPERATOR_NS)
-                .values_yaml(CHART_VALUES)
-                .unwrap(),
-        )
-        .unwrap_or_else(|e| panic!("the chart does not render: {e}"));
-    for crd in &rendered.crds {
-        cp.apply(&crd.content).unwrap();
-    }
-    // The CRD serves a moment after it is created.
-    wait_for(
-        "the CRD to serve",
-        Duration::from_secs(30),
-        &dir.join("none"),
-        || cp.kubectl(&["get", "inferenceservices", "-A"]).ok(),
+    // The image: the binary under test, built into the project's Dockerfile's
+    // `prebuilt` stage and loaded into the node.
+    let image = ballast_e2e::image::build_prebuilt(&ballast(), IMAGE)
+        .unwrap_or_else(|e| panic!("the image: {e}"));
+    w.cluster.node.load_image(IMAGE).unwrap();
+    eprintln!(
+        "cluster up in {started:?}; image {IMAGE}: {:.1} MB, built in {:.1} s",
+        image.size_bytes as f64 / 1e6,
+        image.build_seconds
     );
+
+    // The chart, installed by Helm into a namespace held to PodSecurity `restricted`:
+    // the API server judges the operator's pods, and Helm installs the CRD from crds/.
     cp.kubectl(&["create", "namespace", OPERATOR_NS]).unwrap();
-    let manifests: Vec<&str> = rendered
-        .documents
-        .iter()
-        .map(|d| d.content.as_str())
-        .collect();
-    cp.apply(&manifests.join("\n---\n"))
-        .unwrap_or_else(|e| panic!("the API server refused the chart: {e}"));
-    let (op1, op2) = wait_for(
+    let mut label = vec!["label", "namespace", OPERATOR_NS];
+    label.extend(RESTRICTED);
+    cp.kubectl(&label).unwrap();
+    let helm = ballast_helm::Helm::new().unwrap_or_else(|e| panic!("helm: {e}"));
+    let chart_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/ballast");
+    let install_start = Instant::now();
+    helm.install(
+        &cp.admin_kubeconfig,
+        &chart_dir,
+        "ballast",
+        OPERATOR_NS,
+        CHART_VALUES,
+        &ballast_helm::InstallOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("helm install: {e}\n{}", w.diagnostics()));
+    let (op1, op2) = w.wait_for(
         "one operator pod to lead and the other to stand by",
-        Duration::from_secs(60),
-        &dir.join("none"),
+        Duration::from_secs(120),
         || {
-            let mut pods = operator_pods(&cp, &dir);
+            let mut pods = w.operator_pods();
             if pods.len() != 2 {
                 return None;
             }
@@ -249,60 +365,74 @@ fn the_operator_on_a_real_control_plane() {
             }
         },
     );
-    let (log1, log2) = (op1.log.clone(), op2.log.clone());
     // The Deployment counts both pods ready: /readyz passes on the standby too.
-    wait_for(
+    w.wait_for(
         "the operator Deployment ready",
-        Duration::from_secs(30),
-        &log1,
+        Duration::from_secs(60),
         || {
-            let d = json(&cp, &["get", "deployment", "ballast", "-n", OPERATOR_NS]);
+            let d = w.json(&["get", "deployment", "ballast", "-n", OPERATOR_NS]);
             (d["status"]["readyReplicas"] == 2).then_some(())
         },
     );
+    eprintln!(
+        "helm install → operator ready: {:?}",
+        install_start.elapsed()
+    );
+    // The operator really runs as the chart says: uid 65532, no capabilities, a
+    // read-only root filesystem.
+    let pid = w.container_pid(OPERATOR_NS, &op1.name).expect("its pid");
+    assert_eq!(
+        process_facts(pid),
+        ("65532".to_string(), "0000000000000000".to_string(), true),
+        "the operator's process"
+    );
 
     // 1. apply → Deployment, Service, PDB with owner references; the pod runs; Ready.
-    cp.kubectl(&["create", "namespace", "e2e"]).unwrap();
-    cp.apply(&isvc("e2e", "chat", FLEET)).unwrap();
-    let s = wait_for("chat ready", Duration::from_secs(60), &log1, || {
-        let s = status(&cp, "e2e", "chat");
+    cp.kubectl(&["create", "namespace", NS]).unwrap();
+    let mut label = vec!["label", "namespace", NS];
+    label.extend(RESTRICTED);
+    cp.kubectl(&label).unwrap();
+    let apply_start = Instant::now();
+    cp.apply(&isvc("chat", FLEET)).unwrap();
+    let s = w.wait_for("chat ready", Duration::from_secs(90), || {
+        let s = w.status("chat");
         (s["readyReplicas"] == 1 && s["acceptingReplicas"] == 1).then_some(s)
     });
-    assert_eq!(
-        s["selector"],
-        "app.kubernetes.io/instance=chat,app.kubernetes.io/name=ballast-engine"
-    );
-    let uid =
-        json(&cp, &["get", "inferenceservice", "chat", "-n", "e2e"])["metadata"]["uid"].clone();
+    let to_ready = apply_start.elapsed();
+    eprintln!("kubectl apply → first Ready engine pod: {to_ready:?} (image present)");
+    assert_eq!(s["selector"], selector("chat"));
+    let uid = w.json(&["get", "inferenceservice", "chat", "-n", NS])["metadata"]["uid"].clone();
     for kind in ["deployment", "service", "poddisruptionbudget"] {
-        let o = json(&cp, &["get", kind, "chat", "-n", "e2e"]);
+        let o = w.json(&["get", kind, "chat", "-n", NS]);
         assert_eq!(
             o["metadata"]["ownerReferences"][0]["uid"], uid,
             "{kind} owned"
         );
         assert_eq!(o["metadata"]["ownerReferences"][0]["controller"], true);
     }
-    // Every printer column filled (ACTION once the first decision is made).
-    wait_for(
-        "the printer columns",
-        Duration::from_secs(30),
-        &log1,
-        || {
-            let table = cp
-                .kubectl(&["get", "inferenceservices", "-n", "e2e"])
-                .ok()?;
-            let row: Vec<String> = table
-                .lines()
-                .nth(1)?
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-            (row.len() == 6
-                && row[..4] == ["chat", "synthetic:tiny", "1", "1"]
-                && ["Hold", "ScaleUp", "ScaleDown", "Rebalance"].contains(&row[4].as_str()))
-            .then_some(())
-        },
+    // The engine pod really runs locked down, as PodSecurity `restricted` demands.
+    let pod = w.pods(&selector("chat"))[0].clone();
+    let pod_name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    let pid = w.container_pid(NS, &pod_name).expect("the engine's pid");
+    assert_eq!(
+        process_facts(pid),
+        ("65532".to_string(), "0000000000000000".to_string(), true),
+        "the engine's process"
     );
+    // Every printer column filled (ACTION once the first decision is made).
+    w.wait_for("the printer columns", Duration::from_secs(30), || {
+        let table = cp.kubectl(&["get", "inferenceservices", "-n", NS]).ok()?;
+        let row: Vec<String> = table
+            .lines()
+            .nth(1)?
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        (row.len() == 6
+            && row[..4] == ["chat", "synthetic:tiny", "1", "1"]
+            && ["Hold", "ScaleUp", "ScaleDown", "Rebalance"].contains(&row[4].as_str()))
+        .then_some(())
+    });
     assert_eq!(op2.writes("chat"), 0.0, "the standby never writes");
     assert!(
         op1.get("/metrics")
@@ -316,58 +446,43 @@ fn the_operator_on_a_real_control_plane() {
     // 1b. Once the Prometheus Operator's ServiceMonitor CRD exists, each service gets a
     // ServiceMonitor it owns.
     cp.apply(SERVICE_MONITOR_CRD).unwrap();
-    let sm = wait_for("a ServiceMonitor", Duration::from_secs(30), &log1, || {
-        let sm = json(
-            &cp,
-            &[
-                "get",
-                "servicemonitors.monitoring.coreos.com",
-                "chat",
-                "-n",
-                "e2e",
-            ],
-        );
+    let sm = w.wait_for("a ServiceMonitor", Duration::from_secs(30), || {
+        let sm = w.json(&[
+            "get",
+            "servicemonitors.monitoring.coreos.com",
+            "chat",
+            "-n",
+            NS,
+        ]);
         (!sm.is_null()).then_some(sm)
     });
     assert_eq!(sm["metadata"]["ownerReferences"][0]["uid"], uid);
     assert_eq!(sm["spec"]["endpoints"][0]["port"], "http");
     assert_eq!(sm["spec"]["endpoints"][0]["interval"], "2s");
 
-    // 2. Load through the Service's ready pods → scale up within two periods of the
-    // deployment seeing it; load gone → back to one after the 6 s window; no request
-    // failed.
-    let selector = "app.kubernetes.io/instance=chat,app.kubernetes.io/name=ballast-engine";
-    let px = runtime
-        .block_on(proxy::start(client.clone(), "e2e", selector, 8000))
-        .unwrap();
+    // 2. Load through the Service's cluster IP (kube-proxy picks a ready endpoint) →
+    // scale-up within two periods of the load; load gone → back to one after the 6 s
+    // window; no request failed.
+    let chat_url = w.service_url("chat");
     let report = dir.join("bench.json");
-    let mut bench = Command::new(ballast())
-        .args([
-            "bench",
-            "--url",
-            &px.url,
+    let load = bench(
+        &chat_url,
+        &report,
+        &[
             "--concurrency",
             "16",
             "--duration",
             "14",
-        ])
-        .args([
             "--input-len",
             "32",
             "--output-len",
             "300",
             "--ignore-eos",
-            "--no-progress",
-            "--json",
-        ])
-        .arg(&report)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let load_start = Instant::now();
-    wait_for("a scale-up", Duration::from_secs(30), &log1, || {
-        let d = json(&cp, &["get", "deployment", "chat", "-n", "e2e"]);
+    w.wait_for("a scale-up", Duration::from_secs(30), || {
+        let d = w.json(&["get", "deployment", "chat", "-n", NS]);
         (d["spec"]["replicas"].as_i64() > Some(1)).then_some(())
     });
     let to_scale = load_start.elapsed();
@@ -376,83 +491,128 @@ fn the_operator_on_a_real_control_plane() {
         to_scale <= Duration::from_secs(7),
         "scale-up took {to_scale:?}"
     );
-    wait_for("the new pods ready", Duration::from_secs(60), &log1, || {
-        (status(&cp, "e2e", "chat")["readyReplicas"].as_i64() > Some(1)).then_some(())
+    w.wait_for("the new pods ready", Duration::from_secs(60), || {
+        (w.status("chat")["readyReplicas"].as_i64() > Some(1)).then_some(())
     });
-    assert!(bench.wait().unwrap().success());
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    assert_eq!(r["requests"]["failed"], 0, "{r:#}");
-    assert!(r["requests"]["ok"].as_u64().unwrap() > 16, "{r:#}");
-    wait_for("the scale-down", Duration::from_secs(60), &log1, || {
-        let s = status(&cp, "e2e", "chat");
+    // The new pods are in the Service's EndpointSlices: kube-proxy routes to them.
+    w.wait_for("the new pods' endpoints", Duration::from_secs(30), || {
+        (w.ready_endpoints("chat").len() > 1).then_some(())
+    });
+    bench_report(load, &report, 17, "load through the cluster IP");
+    w.wait_for("the scale-down", Duration::from_secs(60), || {
+        let s = w.status("chat");
         (s["desiredReplicas"] == 1 && s["replicas"] == 1).then_some(())
     });
-    drop(px);
 
-    // 2b. Rebalancing: long-context load sent straight to one pod heats its KV cache; the
-    // operator sets its `ballast.dev/accepting` gate False, so the pod leaves the
-    // Service's ready set (never below minAccepting), and sets it True once it cools.
+    // 3. A rolling update under load: changing the engine's arguments rolls the pods
+    // (a surge pod first, the old one drained on SIGTERM), and no request fails.
+    let before: Vec<String> = w
+        .pods(&selector("chat"))
+        .iter()
+        .filter_map(|p| Some(p["metadata"]["name"].as_str()?.to_string()))
+        .collect();
+    let report = dir.join("rollout.json");
+    let load = bench(
+        &chat_url,
+        &report,
+        &[
+            "--concurrency",
+            "2",
+            "--duration",
+            "20",
+            "--input-len",
+            "16",
+            "--output-len",
+            "40",
+            "--ignore-eos",
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(2));
     cp.apply(&isvc(
-        "e2e",
+        "chat",
+        &FLEET.replace("maxNumSeqs: 2", "maxNumSeqs: 3"),
+    ))
+    .unwrap();
+    w.wait_for("the rollout", Duration::from_secs(90), || {
+        let d = w.json(&["get", "deployment", "chat", "-n", NS]);
+        let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        let st = &d["status"];
+        let done = args.contains(r#""--max-num-seqs","3""#);
+        let settled = st["observedGeneration"] == d["metadata"]["generation"]
+            && st["updatedReplicas"] == st["replicas"]
+            && st["readyReplicas"] == st["replicas"];
+        let pods = w.pods(&selector("chat"));
+        let fresh = !pods.is_empty()
+            && pods.iter().all(|p| {
+                !before.contains(
+                    &p["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                )
+            });
+        (done && settled && fresh).then_some(())
+    });
+    bench_report(load, &report, 10, "load through a rolling update");
+
+    // 4. Rebalancing: long-context load sent straight to one pod heats its KV cache; the
+    // operator sets its `ballast.dev/accepting` gate False, so the pod leaves the
+    // Service's ready endpoints (never below minAccepting), and sets it True once it cools.
+    cp.apply(&isvc(
         "hot",
         "{model: {source: 'synthetic:tiny'}, engine: {maxNumSeqs: 8, kvCache: {numBlocks: 64}}, autoscaling: {minReplicas: 2, maxReplicas: 2, targets: {capacityWaitingPerReplica: 8, kvCacheUsage: 0.99}}, rebalancing: {hotKvCacheUsage: 0.5, minAccepting: 1}, metrics: {scrapeIntervalSeconds: 1, scrapeTimeoutSeconds: 1}}",
     ))
     .unwrap();
-    let hot_selector = "app.kubernetes.io/instance=hot,app.kubernetes.io/name=ballast-engine";
-    wait_for("hot ready", Duration::from_secs(60), &log1, || {
-        let s = status(&cp, "e2e", "hot");
+    w.wait_for("hot ready", Duration::from_secs(90), || {
+        let s = w.status("hot");
         (s["readyReplicas"] == 2 && s["acceptingReplicas"] == 2).then_some(())
     });
-    let pods = json(&cp, &["get", "pods", "-n", "e2e", "-l", hot_selector]);
-    let target = pods["items"][0]["metadata"]["name"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let ip = pods["items"][0]["status"]["podIP"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let pods = w.pods(&selector("hot"));
+    let target = pods[0]["metadata"]["name"].as_str().unwrap().to_string();
+    let target_ip = pods[0]["status"]["podIP"].as_str().unwrap().to_string();
+    w.wait_for("both hot endpoints ready", Duration::from_secs(30), || {
+        (w.ready_endpoints("hot").len() == 2).then_some(())
+    });
     let mut pinned = Command::new(ballast())
         .args([
             "bench",
             "--url",
-            &format!("http://{ip}:8000"),
+            &format!("http://{target_ip}:8000"),
             "--concurrency",
             "2",
-        ])
-        .args([
             "--duration",
             "20",
             "--input-len",
             "380",
             "--output-len",
             "100",
+            "--ignore-eos",
+            "--no-progress",
         ])
-        .args(["--ignore-eos", "--no-progress"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let gate = |cp: &ControlPlane, pod: &str| {
-        json(cp, &["get", "pod", pod, "-n", "e2e"])["status"]["conditions"]
+    let gate = |pod: &str| {
+        w.json(&["get", "pod", pod, "-n", NS])["status"]["conditions"]
             .as_array()
             .and_then(|cs| {
                 cs.iter()
                     .find(|c| c["type"] == "ballast.dev/accepting")
-                    .map(|c| (c["status"].as_str() == Some("True"), c.clone()))
+                    .map(|c| c["status"].as_str() == Some("True"))
             })
     };
-    wait_for(
+    w.wait_for(
         "the hot pod out of rotation",
         Duration::from_secs(30),
-        &log1,
         || {
-            let s = status(&cp, "e2e", "hot");
-            let out = gate(&cp, &target).is_some_and(|(accepting, _)| !accepting);
-            (out && s["acceptingReplicas"] == 1).then_some(())
+            let out = gate(&target) == Some(false);
+            let endpoints = w.ready_endpoints("hot");
+            (out && w.status("hot")["acceptingReplicas"] == 1 && !endpoints.contains(&target_ip))
+                .then_some(())
         },
     );
-    let ready = json(&cp, &["get", "pod", &target, "-n", "e2e"])["status"]["conditions"]
+    let ready = w.json(&["get", "pod", &target, "-n", NS])["status"]["conditions"]
         .as_array()
         .unwrap()
         .iter()
@@ -461,76 +621,155 @@ fn the_operator_on_a_real_control_plane() {
         .unwrap();
     assert_eq!(
         ready["status"], "False",
-        "the gate makes the pod unready: {ready}"
+        "the kubelet makes the gated pod unready: {ready}"
     );
     let _ = pinned.kill();
     let _ = pinned.wait();
-    wait_for(
-        "the cooled pod back",
-        Duration::from_secs(30),
-        &log1,
-        || {
-            let back = gate(&cp, &target).is_some_and(|(accepting, _)| accepting);
-            (back && status(&cp, "e2e", "hot")["acceptingReplicas"] == 2).then_some(())
-        },
-    );
-    cp.kubectl(&["delete", "inferenceservice", "hot", "-n", "e2e"])
+    w.wait_for("the cooled pod back", Duration::from_secs(30), || {
+        let back = gate(&target) == Some(true);
+        (back && w.status("hot")["acceptingReplicas"] == 2 && w.ready_endpoints("hot").len() == 2)
+            .then_some(())
+    });
+    cp.kubectl(&["delete", "inferenceservice", "hot", "-n", NS])
         .unwrap();
 
-    // 3. A replica's process killed: the kubelet restarts it and the fleet recovers.
-    let pods = json(&cp, &["get", "pods", "-n", "e2e", "-l", selector]);
-    let ip = pods["items"][0]["status"]["podIP"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let pid = engine_pid(&ip).expect("the engine process of the pod");
+    // 5. An engine container killed: the kubelet restarts it and the fleet recovers.
+    let pod = w.pods(&selector("chat"))[0].clone();
+    let pod_name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    let pid = w.container_pid(NS, &pod_name).expect("the engine's pid");
     Command::new("kill")
         .args(["-9", &pid.to_string()])
         .status()
         .unwrap();
-    wait_for(
-        "the engine restarted and ready",
-        Duration::from_secs(60),
-        &log1,
+    w.wait_for(
+        "the engine container restarted and ready",
+        Duration::from_secs(90),
         || {
-            let pods = json(&cp, &["get", "pods", "-n", "e2e", "-l", selector]);
-            let p = &pods["items"][0];
+            let p = w.json(&["get", "pod", &pod_name, "-n", NS]);
             let restarted = p["status"]["containerStatuses"][0]["restartCount"].as_i64() >= Some(1);
-            (restarted && status(&cp, "e2e", "chat")["readyReplicas"] == 1).then_some(())
+            (restarted && w.status("chat")["readyReplicas"] == 1).then_some(())
         },
     );
 
-    // 4. Autoscaling off: `kubectl scale` drives the replicas through the scale subresource.
+    // 6. Autoscaling off: `kubectl scale` drives the replicas through the scale
+    // subresource.
     cp.apply(&isvc(
-        "e2e",
         "fixed",
         "{model: {source: 'synthetic:tiny'}, replicas: 1, autoscaling: {enabled: false}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
     ))
     .unwrap();
-    wait_for("fixed ready", Duration::from_secs(60), &log1, || {
-        (status(&cp, "e2e", "fixed")["readyReplicas"] == 1).then_some(())
+    w.wait_for("fixed ready", Duration::from_secs(90), || {
+        (w.status("fixed")["readyReplicas"] == 1).then_some(())
     });
     cp.kubectl(&[
         "scale",
         "inferenceservice",
         "fixed",
         "-n",
-        "e2e",
+        NS,
         "--replicas",
         "2",
     ])
     .unwrap();
-    wait_for("fixed at two", Duration::from_secs(60), &log1, || {
-        let s = status(&cp, "e2e", "fixed");
+    w.wait_for("fixed at two", Duration::from_secs(90), || {
+        let s = w.status("fixed");
         (s["readyReplicas"] == 2 && s["desiredReplicas"] == 2).then_some(())
     });
-    let fixed = json(&cp, &["get", "inferenceservice", "fixed", "-n", "e2e"]);
+    let fixed = w.json(&["get", "inferenceservice", "fixed", "-n", NS]);
     assert_eq!(fixed["spec"]["replicas"], 2, "the spec is the user's");
 
-    // 5. Invalid specs: CEL refuses at apply; one the CRD cannot judge gets a condition.
+    // 7. A pod deleted under load is drained within its grace period: the engine finishes
+    // what it holds and exits by itself, and no request through the Service fails.
+    w.wait_for(
+        "both fixed endpoints ready",
+        Duration::from_secs(30),
+        || (w.ready_endpoints("fixed").len() == 2).then_some(()),
+    );
+    let report = dir.join("delete.json");
+    let load = bench(
+        &w.service_url("fixed"),
+        &report,
+        &[
+            "--concurrency",
+            "4",
+            "--duration",
+            "12",
+            "--input-len",
+            "16",
+            "--output-len",
+            "60",
+            "--ignore-eos",
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let victim = w.pods(&selector("fixed"))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let grace = w.json(&["get", "pod", &victim, "-n", NS])["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap();
+    let delete_start = Instant::now();
+    cp.kubectl(&["delete", "pod", &victim, "-n", NS, "--wait=false"])
+        .unwrap();
+    // The container's exit, as the kubelet recorded it, while the pod object is still there.
+    let exited = w.wait_for(
+        "the deleted pod's engine to exit",
+        Duration::from_secs(60),
+        || {
+            let p = w.json(&["get", "pod", &victim, "-n", NS]);
+            if p.is_null() {
+                return Some(None);
+            }
+            let t = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+            (!t.is_null()).then(|| Some(t.clone()))
+        },
+    );
+    let drained_in = delete_start.elapsed();
+    w.wait_for("the deleted pod gone", Duration::from_secs(60), || {
+        w.json(&["get", "pod", &victim, "-n", NS])
+            .is_null()
+            .then_some(())
+    });
+    assert!(
+        drained_in < Duration::from_secs(grace),
+        "drained in {drained_in:?}, grace {grace} s"
+    );
+    if let Some(t) = exited {
+        assert_eq!(t["exitCode"], 0, "the engine exits by itself: {t}");
+    }
+    eprintln!("pod deleted under load → engine exited: {drained_in:?} (grace {grace} s)");
+    bench_report(load, &report, 4, "load through a pod deletion");
+
+    // 8. `kubectl logs`, as docs/runbooks.md has an operator read them: the leader's
+    // decisions (the Lease names the leader's pod), and the engine's periodic line.
+    let leader =
+        w.json(&["get", "lease", "ballast-operator", "-n", OPERATOR_NS])["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    assert_eq!(leader, op1.name);
+    let logs = cp.kubectl(&["logs", "-n", OPERATOR_NS, &leader]).unwrap();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("ballast::decision") && l.contains("chat")),
+        "the leader's decisions in kubectl logs:\n{}",
+        logs.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+    );
+    let engine_pod = w.pods(&selector("fixed"))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let logs = cp.kubectl(&["logs", "-n", NS, &engine_pod]).unwrap();
+    assert!(
+        logs.contains("Engine 000: Avg prompt throughput"),
+        "the engine's log line in kubectl logs:\n{logs}"
+    );
+
+    // 9. Invalid specs: CEL refuses at apply; one the CRD cannot judge gets a condition; an
+    // image the node does not have is a condition, not a silent hold.
     let refused = cp
         .apply(&isvc(
-            "e2e",
             "bad",
             "{model: {source: x}, autoscaling: {minReplicas: 5, maxReplicas: 2}}",
         ))
@@ -540,40 +779,61 @@ fn the_operator_on_a_real_control_plane() {
         "{refused}"
     );
     cp.apply(&isvc(
-        "e2e",
         "noimage",
         "{model: {source: m}, engine: {kind: vllm}}",
     ))
     .unwrap();
-    let s = wait_for(
-        "the InvalidSpec condition",
-        Duration::from_secs(30),
-        &log1,
-        || {
-            let s = status(&cp, "e2e", "noimage");
-            s["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Degraded" && c["reason"] == "InvalidSpec")
-                .then_some(s)
-        },
-    );
+    let s = w.wait_for("the InvalidSpec condition", Duration::from_secs(30), || {
+        let s = w.status("noimage");
+        s["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Degraded" && c["reason"] == "InvalidSpec")
+            .then_some(s)
+    });
     assert!(s.to_string().contains("spec.engine.image"), "{s}");
     assert!(
-        json(&cp, &["get", "deployment", "noimage", "-n", "e2e"]).is_null(),
+        w.json(&["get", "deployment", "noimage", "-n", NS])
+            .is_null(),
         "nothing built from an invalid spec"
     );
+    cp.apply(&isvc(
+        "missing",
+        "{model: {source: 'synthetic:tiny'}, engine: {image: 'localhost/ballast:not-loaded'}}",
+    ))
+    .unwrap();
+    let s = w.wait_for("the image-pull condition", Duration::from_secs(90), || {
+        let s = w.status("missing");
+        s["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| {
+                c["status"] == "True"
+                    && c["message"].as_str().is_some_and(|m| {
+                        m.contains("localhost/ballast:not-loaded")
+                            || m.contains("ErrImage")
+                            || m.contains("ImagePull")
+                    })
+            })
+            .then_some(s)
+    });
+    eprintln!("missing image: {}", s["conditions"]);
+    cp.kubectl(&["delete", "inferenceservice", "missing", "noimage", "-n", NS])
+        .unwrap();
 
-    // 6. The leader killed: another replica takes over within the lease, and does not write
-    // what is already right. "Settled" means the old leader stopped writing too: no write
-    // to the service for three periods.
-    wait_for("fixed settled", Duration::from_secs(60), &log1, || {
+    // 10. The real model in the cluster: SmolLM2 from a PersistentVolume on the node's
+    // disk (PodSecurity `restricted` forbids hostPath volumes in pods; a claim is allowed),
+    // answering a chat through the Service.
+    real_model(&w);
+
+    // 11. The leader killed: another replica takes over within the lease, and does not
+    // write what is already right. "Settled" means the old leader stopped writing too: no
+    // write to the service for three periods.
+    w.wait_for("fixed settled", Duration::from_secs(60), || {
         let before = op1.writes("fixed");
         std::thread::sleep(Duration::from_secs(6));
         (op1.writes("fixed") == before).then_some(())
     });
-    // The leader's pod deleted: the kubelet stops it (SIGTERM), and another pod takes the
-    // Lease: the standby, or the replacement the Deployment starts, whichever asks first.
     cp.kubectl(&[
         "delete",
         "pod",
@@ -583,15 +843,14 @@ fn the_operator_on_a_real_control_plane() {
         "--wait=false",
     ])
     .unwrap();
-    let op2 = wait_for("a new leader", Duration::from_secs(30), &log2, || {
-        operator_pods(&cp, &dir)
+    let op2 = w.wait_for("a new leader", Duration::from_secs(60), || {
+        w.operator_pods()
             .into_iter()
             .find(|p| p.name != op1.name && p.get("/readyz") == "leader")
     });
-    let log2 = op2.log.clone();
     // Never two leaders: the old one stopped.
     assert!(
-        operator_pods(&cp, &dir)
+        w.operator_pods()
             .iter()
             .all(|p| p.name == op2.name || p.get("/readyz") != "leader")
     );
@@ -605,49 +864,130 @@ fn the_operator_on_a_real_control_plane() {
             .filter(|l| l.contains("api_writes") || l.contains("decisions_total"))
             .collect::<Vec<_>>()
             .join("\n"),
-        status(&cp, "e2e", "fixed")
+        w.status("fixed")
     );
     cp.kubectl(&[
         "scale",
         "inferenceservice",
         "fixed",
         "-n",
-        "e2e",
+        NS,
         "--replicas",
         "1",
     ])
     .unwrap();
-    wait_for(
-        "the new leader acting",
-        Duration::from_secs(60),
-        &log2,
-        || (status(&cp, "e2e", "fixed")["replicas"] == 1).then_some(()),
-    );
+    w.wait_for("the new leader acting", Duration::from_secs(60), || {
+        (w.status("fixed")["replicas"] == 1).then_some(())
+    });
 
-    // 7. Deleting the InferenceService garbage-collects what it owned.
-    cp.kubectl(&["delete", "inferenceservice", "fixed", "-n", "e2e"])
+    // 12. Deleting an InferenceService garbage-collects what it owned.
+    cp.kubectl(&["delete", "inferenceservice", "fixed", "-n", NS])
         .unwrap();
-    wait_for(
-        "fixed's objects collected",
-        Duration::from_secs(60),
-        &log2,
-        || {
-            let gone = ["deployment", "service", "poddisruptionbudget"]
-                .iter()
-                .all(|k| json(&cp, &["get", k, "fixed", "-n", "e2e"]).is_null());
-            gone.then_some(())
-        },
-    );
-    let events = cp.kubectl(&["get", "events", "-n", "e2e"]).unwrap();
+    w.wait_for("fixed's objects collected", Duration::from_secs(60), || {
+        let gone = ["deployment", "service", "poddisruptionbudget"]
+            .iter()
+            .all(|k| w.json(&["get", k, "fixed", "-n", NS]).is_null());
+        gone.then_some(())
+    });
+    let events = cp.kubectl(&["get", "events", "-n", NS]).unwrap();
     assert!(events.contains("FollowingSpecReplicas"), "{events}");
     assert!(events.contains("InvalidSpec"), "{events}");
-    let lease = json(
-        &cp,
-        &["get", "lease", "ballast-operator", "-n", OPERATOR_NS],
-    );
+    // PodSecurity `restricted` refused none of the pods the chart and the operator made.
+    for ns in [NS, OPERATOR_NS] {
+        let events = cp.kubectl(&["get", "events", "-n", ns]).unwrap();
+        assert!(
+            !events.contains("violates PodSecurity"),
+            "PodSecurity refused a pod in {ns}:\n{events}"
+        );
+    }
+    let lease = w.json(&["get", "lease", "ballast-operator", "-n", OPERATOR_NS]);
     assert_eq!(lease["spec"]["holderIdentity"], op2.name.as_str());
-    drop(_kubelet);
-    drop(runtime);
-    drop(cp);
+    eprintln!("cluster e2e wall time: {:?}", t0.elapsed());
+    drop(w);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SmolLM2-135M-Instruct, cached by `scripts/fetch-model.sh`, served in the cluster from
+/// a PersistentVolume of the node's disk bound to a claim, through the Service. Skipped
+/// (saying so) when the model is not cached, unless `BALLAST_REQUIRE_MODEL` is set.
+fn real_model(w: &World) {
+    let cache = std::env::var_os("BALLAST_MODEL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ballast/models")
+        });
+    let file = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !file.is_file() {
+        assert!(
+            std::env::var_os("BALLAST_REQUIRE_MODEL").is_none(),
+            "BALLAST_REQUIRE_MODEL is set but {} is missing (scripts/fetch-model.sh)",
+            file.display()
+        );
+        eprintln!(
+            "skipping the real model in the cluster: no {}",
+            file.display()
+        );
+        return;
+    }
+    // The volume's folder, readable by the engine's uid: a copy under the test's state
+    // (the cache may sit in a home folder other users cannot enter).
+    let models = w.dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    std::fs::copy(&file, models.join(file.file_name().unwrap())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&models, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cp = w.cp();
+    cp.apply(&format!(
+        "apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: e2e-models}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadOnlyMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ''
+  hostPath: {{path: {}, type: Directory}}
+  claimRef: {{namespace: {NS}, name: models}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: models, namespace: {NS}}}
+spec:
+  accessModes: [ReadOnlyMany]
+  storageClassName: ''
+  volumeName: e2e-models
+  resources: {{requests: {{storage: 1Gi}}}}
+",
+        models.display()
+    ))
+    .unwrap();
+    cp.apply(&isvc(
+        "smol",
+        "{model: {source: smollm2-135m, volume: {persistentVolumeClaim: models}}, replicas: 1, autoscaling: {enabled: false}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
+    ))
+    .unwrap();
+    let start = Instant::now();
+    w.wait_for("smol ready", Duration::from_secs(180), || {
+        (w.status("smol")["readyReplicas"] == 1).then_some(())
+    });
+    w.wait_for("smol's endpoint", Duration::from_secs(30), || {
+        (w.ready_endpoints("smol").len() == 1).then_some(())
+    });
+    eprintln!("SmolLM2 in the cluster: Ready in {:?}", start.elapsed());
+    let out = Command::new("curl")
+        .args(["-s", "-m", "120", "-H", "content-type: application/json", "-d"])
+        .arg(r#"{"messages":[{"role":"user","content":"What is the capital of France?"}],"temperature":0,"max_tokens":24}"#)
+        .arg(format!("{}/v1/chat/completions", w.service_url("smol")))
+        .output()
+        .unwrap();
+    let body: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let answer = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        answer.contains("Paris"),
+        "the chat through the Service: {body}"
+    );
+    cp.kubectl(&["delete", "inferenceservice", "smol", "-n", NS])
+        .unwrap();
 }

@@ -1,18 +1,27 @@
-//! A real Kubernetes control plane on loopback: etcd (Debian's `etcd-server`),
-//! kube-apiserver with RBAC and service-account tokens, kube-controller-manager (garbage
-//! collector, Deployment and ReplicaSet controllers; no node lifecycle, no cloud) and
+//! A real Kubernetes control plane on this machine: etcd (Debian's `etcd-server`),
+//! kube-apiserver (RBAC and Node authorizers, PodSecurity admission, service-account tokens,
+//! the aggregation layer's request-header CA, a client certificate for kubelets),
+//! kube-controller-manager (every controller but the cloud's, node IPAM and routes) and
 //! kube-scheduler. Certificates are made with `openssl` (X.509 v3, which rustls requires).
 //!
-//! What is not there: a kubelet (see [`crate::kubelet`]), kube-proxy (see
-//! [`crate::proxy`]), a CNI. Service cluster IPs are allocated but nothing routes them.
+//! The API server binds the pod network's gateway address (see [`crate::node::PodNetwork`]),
+//! so pods reach it through the `kubernetes` Service (10.96.0.1:443) as in any cluster,
+//! and the tests reach it from the host at the same address.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Where the control-plane binaries are: `$BALLAST_K8S_BIN`, else
-/// `~/.cache/ballast-k8s/bin`. `None` (with the reason) when kube-apiserver,
-/// kube-controller-manager, kube-scheduler, kubectl or etcd is missing.
+/// The control-plane and node programs a cluster needs and the host commands it runs, or
+/// the reason (naming each thing missing) why a cluster cannot start here.
+///
+/// The Kubernetes binaries are looked up in `$BALLAST_K8S_BIN`, else
+/// `~/.cache/ballast-k8s/bin` (where `../shared/k8s/install.sh` unpacks them):
+/// kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl
+/// and pause (the sandbox image's program). On the PATH: etcd, openssl, curl,
+/// containerd, ctr, runc, iptables, ip, buildah; and the CNI plugins in `/usr/lib/cni`.
+/// The node also needs root.
 pub fn binaries() -> Result<PathBuf, String> {
     let dir = match std::env::var_os("BALLAST_K8S_BIN") {
         Some(d) => PathBuf::from(d),
@@ -21,29 +30,61 @@ pub fn binaries() -> Result<PathBuf, String> {
             PathBuf::from(home).join(".cache/ballast-k8s/bin")
         }
     };
+    let mut missing = Vec::new();
     for b in [
         "kube-apiserver",
         "kube-controller-manager",
         "kube-scheduler",
+        "kubelet",
+        "kube-proxy",
         "kubectl",
+        "pause",
     ] {
         if !dir.join(b).is_file() {
-            return Err(format!(
-                "no {} (set BALLAST_K8S_BIN or run e2e/k8s.sh; see docs/e2e.md)",
-                dir.join(b).display()
+            missing.push(dir.join(b).display().to_string());
+        }
+    }
+    if !missing.is_empty() {
+        return Err(format!(
+            "no {} (set BALLAST_K8S_BIN, or run ../shared/k8s/install.sh; see docs/e2e.md)",
+            missing.join(", ")
+        ));
+    }
+    // Debian package of each host command, for the message.
+    let commands = [
+        ("etcd", "etcd-server"),
+        ("openssl", "openssl"),
+        ("curl", "curl"),
+        ("containerd", "containerd"),
+        ("ctr", "containerd"),
+        ("runc", "runc"),
+        ("iptables", "iptables"),
+        ("ip", "iproute2"),
+        ("buildah", "buildah"),
+    ];
+    for (cmd, package) in commands {
+        if which(cmd).is_none() {
+            missing.push(format!("{cmd} (Debian package {package})"));
+        }
+    }
+    for plugin in ["bridge", "host-local", "loopback", "portmap"] {
+        if !Path::new("/usr/lib/cni").join(plugin).is_file() {
+            missing.push(format!(
+                "/usr/lib/cni/{plugin} (Debian package containernetworking-plugins)"
             ));
         }
     }
-    if which("etcd").is_none() {
-        return Err("no etcd on PATH (Debian package etcd-server)".into());
+    if !missing.is_empty() {
+        return Err(format!("not on this machine: {}", missing.join(", ")));
     }
-    if which("openssl").is_none() {
-        return Err("no openssl on PATH".into());
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("a node (containerd, the kubelet, a bridge) needs root".into());
     }
     Ok(dir)
 }
 
-fn which(cmd: &str) -> Option<PathBuf> {
+pub(crate) fn which(cmd: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?
         .to_str()?
         .split(':')
@@ -51,17 +92,18 @@ fn which(cmd: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
+/// Runs `cmd` to completion: Ok, or its stderr as the error.
+pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(format!(
             "{cmd:?}: {}",
@@ -70,13 +112,49 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
+/// Starts `cmd` with stdout and stderr appended to `logs/NAME.log`.
+pub(crate) fn spawn_logged(logs: &Path, name: &str, cmd: &mut Command) -> Result<Child, String> {
+    let log = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs.join(format!("{name}.log")))
+            .map_err(|e| e.to_string())
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(log()?)
+        .stderr(log()?)
+        .spawn()
+        .map_err(|e| format!("{name}: {e}"))
+}
+
+/// Stops a child: SIGTERM, then SIGKILL after `grace`.
+pub(crate) fn stop_child(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    // SAFETY: kill(2) on our own child's pid; at worst it fails with ESRCH.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// A running control plane; stopped (every process killed) when dropped.
 pub struct ControlPlane {
     /// State: certificates, etcd data, logs, kubeconfigs.
     pub dir: PathBuf,
-    /// The binaries.
+    /// The Kubernetes binaries.
     pub bin: PathBuf,
-    /// `https://127.0.0.1:PORT`.
+    /// The address the API server binds and advertises.
+    pub address: Ipv4Addr,
+    /// `https://ADDRESS:PORT`.
     pub server: String,
     /// A kubeconfig for user `admin` in `system:masters`.
     pub admin_kubeconfig: PathBuf,
@@ -86,57 +164,69 @@ pub struct ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         for (_, c) in self.children.iter_mut().rev() {
-            let _ = c.kill();
-            let _ = c.wait();
+            stop_child(c, Duration::from_secs(5));
         }
     }
 }
 
-/// Makes the certificate authority, the API server's serving certificate, the admin's
-/// client certificate and the service-account key pair under `pki`.
-fn certificates(pki: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(pki).map_err(|e| e.to_string())?;
-    let o = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(pki));
-    std::fs::write(
-        pki.join("ca.ext"),
-        "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign,digitalSignature\n",
-    )
-    .map_err(|e| e.to_string())?;
-    std::fs::write(
-        pki.join("server.ext"),
-        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n",
-    )
-    .map_err(|e| e.to_string())?;
-    std::fs::write(
-        pki.join("client.ext"),
-        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
-    )
-    .map_err(|e| e.to_string())?;
-    // A key and a signing request for `name`, then its certificate: self-signed for the
-    // CA, signed by the CA for the others, each with its v3 extensions.
-    let issue = |name: &str, subject: &str, ext: &str| -> Result<(), String> {
-        let (key, csr, crt) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-        );
-        o(&[
-            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
-            subject,
-        ])?;
-        let signer: &[&str] = if name == "ca" {
-            &["-signkey", "ca.key"]
-        } else {
-            &["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial"]
-        };
-        let mut args = vec!["x509", "-req", "-in", csr.as_str()];
-        args.extend_from_slice(signer);
-        args.extend(["-days", "7", "-extfile", ext, "-out", crt.as_str()]);
-        o(&args)
+/// Makes an X.509 v3 key and certificate `NAME.{key,crt}` under `pki`, signed by the CA
+/// there (self-signed for `ca`), with `subject` and the extensions `ext`.
+pub(crate) fn issue(pki: &Path, name: &str, subject: &str, ext: &str) -> Result<(), String> {
+    let ext_file = format!("{name}.ext");
+    std::fs::write(pki.join(&ext_file), ext).map_err(|e| e.to_string())?;
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    let o = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(pki)).map(|_| ());
+    o(&[
+        "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
+        subject,
+    ])?;
+    let signer: &[&str] = if name == "ca" {
+        &["-signkey", "ca.key"]
+    } else {
+        &["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial"]
     };
-    issue("ca", "/CN=ballast-e2e-ca", "ca.ext")?;
-    issue("apiserver", "/CN=kube-apiserver", "server.ext")?;
-    issue("admin", "/O=system:masters/CN=admin", "client.ext")?;
+    let mut args = vec!["x509", "-req", "-in", csr.as_str()];
+    args.extend_from_slice(signer);
+    args.extend(["-days", "7", "-extfile", &ext_file, "-out", crt.as_str()]);
+    o(&args)
+}
+
+/// v3 extensions of a client certificate.
+pub(crate) const CLIENT_EXT: &str = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n";
+
+/// Makes the certificate authority, the API server's serving certificate (for `address`,
+/// the `kubernetes` Service's 10.96.0.1 and its DNS names), the admin's client
+/// certificate, the API server's client certificate for kubelets and the service-account
+/// key pair under `pki`.
+fn certificates(pki: &Path, address: Ipv4Addr) -> Result<(), String> {
+    std::fs::create_dir_all(pki).map_err(|e| e.to_string())?;
+    issue(
+        pki,
+        "ca",
+        "/CN=ballast-e2e-ca",
+        "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign,digitalSignature\n",
+    )?;
+    issue(
+        pki,
+        "apiserver",
+        "/CN=kube-apiserver",
+        &format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:{address},IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+        ),
+    )?;
+    issue(pki, "admin", "/O=system:masters/CN=admin", CLIENT_EXT)?;
+    // `kubectl logs` and `exec` go from the API server to the kubelet with this identity.
+    issue(
+        pki,
+        "kubelet-client",
+        "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        CLIENT_EXT,
+    )?;
+    let o = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(pki)).map(|_| ());
     o(&["genrsa", "-out", "sa.key", "2048"])?;
     o(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
     Ok(())
@@ -154,38 +244,27 @@ pub fn kubeconfig(path: &Path, server: &str, pki: &Path, user: &str) -> std::io:
 }
 
 impl ControlPlane {
-    /// Starts etcd, the API server (waiting until it is ready), the controller manager and
-    /// the scheduler, with state under `dir`.
-    pub fn start(bin: &Path, dir: &Path) -> Result<ControlPlane, String> {
+    /// Starts etcd, the API server on `address` (waiting until it is ready), the
+    /// controller manager and the scheduler, with state under `dir`. `address` is the pod
+    /// network's gateway ([`crate::node::PodNetwork::gateway`]), which must exist first.
+    pub fn start(bin: &Path, dir: &Path, address: Ipv4Addr) -> Result<ControlPlane, String> {
         let pki = dir.join("pki");
         let logs = dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
-        certificates(&pki)?;
-        let log = |name: &str| {
-            std::fs::File::create(logs.join(format!("{name}.log"))).map_err(|e| e.to_string())
-        };
+        certificates(&pki, address)?;
         let mut cp = ControlPlane {
             dir: dir.to_path_buf(),
             bin: bin.to_path_buf(),
+            address,
             server: String::new(),
             admin_kubeconfig: dir.join("admin.kubeconfig"),
             children: Vec::new(),
         };
         let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-        let spawn = |cp: &mut ControlPlane, name: &str, cmd: &mut Command| -> Result<(), String> {
-            let child = cmd
-                .stdin(Stdio::null())
-                .stdout(log(name)?)
-                .stderr(log(name)?)
-                .spawn()
-                .map_err(|e| format!("{name}: {e}"))?;
-            cp.children.push((name.to_string(), child));
-            Ok(())
-        };
         let client_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        spawn(
-            &mut cp,
+        let etcd = spawn_logged(
+            &logs,
             "etcd",
             Command::new("etcd")
                 .args(["--name", "e2e", "--data-dir"])
@@ -196,22 +275,24 @@ impl ControlPlane {
                 .args(["--initial-advertise-peer-urls", &peer_url])
                 .args(["--initial-cluster", &format!("e2e={peer_url}")]),
         )?;
+        cp.children.push(("etcd".into(), etcd));
         let p = |f: &str| pki.join(f).display().to_string();
-        spawn(
-            &mut cp,
+        let addr = address.to_string();
+        let apiserver = spawn_logged(
+            &logs,
             "kube-apiserver",
             Command::new(bin.join("kube-apiserver"))
                 .args(["--etcd-servers", &client_url])
-                .args([
-                    "--bind-address",
-                    "127.0.0.1",
-                    "--advertise-address",
-                    "127.0.0.1",
-                ])
+                .args(["--bind-address", &addr, "--advertise-address", &addr])
                 .args(["--secure-port", &api_port.to_string()])
                 .args(["--tls-cert-file", &p("apiserver.crt")])
                 .args(["--tls-private-key-file", &p("apiserver.key")])
                 .args(["--client-ca-file", &p("ca.crt")])
+                .args(["--requestheader-client-ca-file", &p("ca.crt")])
+                .args(["--kubelet-client-certificate", &p("kubelet-client.crt")])
+                .args(["--kubelet-client-key", &p("kubelet-client.key")])
+                // The node's name resolves nowhere: reach kubelets at their InternalIP.
+                .args(["--kubelet-preferred-address-types", "InternalIP"])
                 .args(["--authorization-mode", "Node,RBAC"])
                 .args(["--service-account-issuer", "https://kubernetes.default.svc"])
                 .args(["--api-audiences", "https://kubernetes.default.svc"])
@@ -220,7 +301,8 @@ impl ControlPlane {
                 .args(["--service-cluster-ip-range", "10.96.0.0/16"])
                 .args(["--profiling=false"]),
         )?;
-        cp.server = format!("https://127.0.0.1:{api_port}");
+        cp.children.push(("kube-apiserver".into(), apiserver));
+        cp.server = format!("https://{address}:{api_port}");
         kubeconfig(
             &cp.admin_kubeconfig,
             &cp.server,
@@ -252,8 +334,8 @@ impl ControlPlane {
             std::thread::sleep(Duration::from_millis(300));
         }
         let kc = cp.admin_kubeconfig.display().to_string();
-        spawn(
-            &mut cp,
+        let cm = spawn_logged(
+            &logs,
             "kube-controller-manager",
             Command::new(bin.join("kube-controller-manager"))
                 .args(["--kubeconfig", &kc, "--authentication-kubeconfig", &kc])
@@ -263,13 +345,17 @@ impl ControlPlane {
                 .args(["--service-account-private-key-file", &p("sa.key")])
                 .args(["--root-ca-file", &p("ca.crt")])
                 .args(["--use-service-account-credentials=false"])
+                // No cloud, no node IPAM or routes (the node's pod CIDR is its own);
+                // the node lifecycle controller lifts the not-ready taint once the
+                // kubelet reports Ready.
                 .args([
                     "--controllers",
-                    "*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service,-route",
+                    "*,-nodeipam,-cloud-node-lifecycle,-service,-route",
                 ]),
         )?;
-        spawn(
-            &mut cp,
+        cp.children.push(("kube-controller-manager".into(), cm));
+        let scheduler = spawn_logged(
+            &logs,
             "kube-scheduler",
             Command::new(bin.join("kube-scheduler"))
                 .args(["--kubeconfig", &kc, "--authentication-kubeconfig", &kc])
@@ -277,71 +363,60 @@ impl ControlPlane {
                 .args(["--bind-address", "127.0.0.1"])
                 .args(["--secure-port", &free_port().to_string()]),
         )?;
+        cp.children.push(("kube-scheduler".into(), scheduler));
         Ok(cp)
     }
 
-    /// `kubectl` with the admin kubeconfig (or `kubeconfig`), its output or its error.
+    /// `kubectl` with the admin kubeconfig: its stdout, or its stderr as the error.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
         self.kubectl_as(&self.admin_kubeconfig, args)
     }
 
     /// `kubectl` with `kubeconfig`.
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
-        self.kubectl_with(kubeconfig, args, None)
+        kubectl_run(&self.bin, kubeconfig, args, None)
     }
 
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> Result<String, String> {
-        self.kubectl_with(&self.admin_kubeconfig, &["apply", "-f", "-"], Some(yaml))
-    }
-
-    /// `kubectl ARGS` with `input` on its stdin: its stdout, or its stderr as the error.
-    fn kubectl_with(
-        &self,
-        kubeconfig: &Path,
-        args: &[&str],
-        input: Option<&str>,
-    ) -> Result<String, String> {
-        kubectl_run(&self.bin, kubeconfig, args, input)
+        kubectl_run(
+            &self.bin,
+            &self.admin_kubeconfig,
+            &["apply", "-f", "-"],
+            Some(yaml),
+        )
     }
 
     /// A kubeconfig (written under the state dir) that authenticates as ServiceAccount
-    /// `namespace/name` with a fresh token.
+    /// `namespace/name` with a fresh token from the TokenRequest API.
     pub fn service_account_kubeconfig(
         &self,
         namespace: &str,
         name: &str,
     ) -> Result<PathBuf, String> {
-        self.credentials().kubeconfig(namespace, name)
+        let token = self.kubectl(&["create", "token", name, "-n", namespace])?;
+        let path = self.dir.join(format!("{namespace}-{name}.kubeconfig"));
+        kubeconfig(
+            &path,
+            &self.server,
+            &self.dir.join("pki"),
+            &format!("{{token: \"{}\"}}", token.trim()),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(path)
     }
 
-    /// What the process kubelet needs to give pods their ServiceAccount's credentials.
-    pub fn credentials(&self) -> Credentials {
-        Credentials {
-            bin: self.bin.clone(),
-            admin_kubeconfig: self.admin_kubeconfig.clone(),
-            server: self.server.clone(),
-            dir: self.dir.clone(),
-        }
-    }
-
-    /// A kube client with the admin credentials.
-    pub async fn client(&self) -> Result<kube::Client, String> {
-        let kc = kube::config::Kubeconfig::read_from(&self.admin_kubeconfig)
-            .map_err(|e| e.to_string())?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        kube::Client::try_from(config).map_err(|e| e.to_string())
-    }
-
-    /// The last lines of a component's log, for failure messages.
+    /// The last `lines` lines of a component's log, for failure messages.
     pub fn log_tail(&self, name: &str, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.dir.join("logs").join(format!("{name}.log")))
-            .unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        log_tail(&self.dir.join("logs").join(format!("{name}.log")), lines)
     }
+}
+
+/// The last `lines` lines of the file at `path` (empty when it cannot be read).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// `kubectl ARGS` from `bin` with `kubeconfig` and `input` on its stdin: its stdout, or its
@@ -374,37 +449,5 @@ fn kubectl_run(
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
-/// Makes kubeconfigs that authenticate as a ServiceAccount, as a kubelet mounts a
-/// ServiceAccount token into a pod. Cheap to clone; owns no process.
-#[derive(Debug, Clone)]
-pub struct Credentials {
-    bin: PathBuf,
-    admin_kubeconfig: PathBuf,
-    server: String,
-    dir: PathBuf,
-}
-
-impl Credentials {
-    /// A kubeconfig (written under the state dir) for ServiceAccount `namespace/name`
-    /// with a fresh token from the TokenRequest API.
-    pub fn kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf, String> {
-        let token = kubectl_run(
-            &self.bin,
-            &self.admin_kubeconfig,
-            &["create", "token", name, "-n", namespace, "--duration", "6h"],
-            None,
-        )?;
-        let path = self.dir.join(format!("{namespace}-{name}.kubeconfig"));
-        kubeconfig(
-            &path,
-            &self.server,
-            &self.dir.join("pki"),
-            &format!("{{token: \"{}\"}}", token.trim()),
-        )
-        .map_err(|e| e.to_string())?;
-        Ok(path)
     }
 }

@@ -1,18 +1,40 @@
-//! The end-to-end harness for a real Kubernetes control plane on one machine.
+//! The end-to-end harness: a real Kubernetes cluster on one machine.
 //!
-//! - [`cluster`]: etcd, kube-apiserver (RBAC on), kube-controller-manager and
-//!   kube-scheduler from binaries built from a Kubernetes source snapshot, on loopback with
-//!   free ports, and clients for them;
-//! - [`kubelet`]: a *process kubelet* that registers a Node and runs the pods bound to it
-//!   as local processes on loopback addresses of their own (127.0.0.N), with probes,
-//!   readiness gates, restarts and graceful deletion;
-//! - [`proxy`]: what kube-proxy would do for one Service: send each request to one of the
-//!   pods its selector matches whose Ready condition is True, and nothing more (no retry).
+//! - [`cluster`]: etcd, kube-apiserver, kube-controller-manager and kube-scheduler (v1.28
+//!   binaries from `../shared/k8s/install.sh`), with certificates and kubeconfigs;
+//! - [`node`]: the pod network (a bridge), containerd with runc, the kubelet and
+//!   kube-proxy: a real node that runs pods from OCI images;
+//! - [`image`]: the project's image built from its Dockerfile with buildah, on a runtime
+//!   base assembled from Debian packages.
 //!
-//! Nothing here contacts anything but loopback addresses. Where the binaries are missing,
-//! [`cluster::binaries`] says so and the suite skips.
+//! [`Cluster::start`] starts all of it. Nothing listens beyond loopback and the bridge,
+//! and nothing is sent beyond this machine: pod and Service addresses exist only inside
+//! it. Where a program is missing, [`cluster::binaries`] says which and the suite skips.
 
 pub mod cluster;
 pub mod image;
-pub mod kubelet;
-pub mod proxy;
+pub mod node;
+
+use std::path::Path;
+
+/// A control plane and one node on its pod network; everything stops when dropped (the
+/// node first, then the control plane, then the bridge).
+pub struct Cluster {
+    /// The node.
+    pub node: node::Node,
+    /// The control plane.
+    pub cp: cluster::ControlPlane,
+    /// The pod network.
+    pub network: node::PodNetwork,
+}
+
+impl Cluster {
+    /// Creates the pod network, then starts the control plane on its gateway and the node,
+    /// with state under `dir` and the Kubernetes binaries in `bin` ([`cluster::binaries`]).
+    pub fn start(bin: &Path, dir: &Path) -> Result<Cluster, String> {
+        let network = node::PodNetwork::create()?;
+        let cp = cluster::ControlPlane::start(bin, dir, network.gateway)?;
+        let node = node::Node::start(&cp, &network)?;
+        Ok(Cluster { node, cp, network })
+    }
+}
