@@ -31,10 +31,25 @@ pub const ACCEPTING_CONDITION: &str = "ballast.dev/accepting";
 /// (lowest cost first).
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
-/// The engine's own drain limit (`ballast engine --drain-timeout`, default 600 s) plus a
-/// margin to exit: the pod's termination grace period, so Kubernetes never kills a replica
-/// that is still finishing what it accepted.
-pub const TERMINATION_GRACE_SECONDS: i64 = 630;
+/// `ballast engine --shutdown-delay` in the pods: how long after SIGTERM a Ballast engine
+/// keeps serving new requests (each with `Connection: close`) before it drains. Long
+/// enough for the pod's removal from its Service's endpoints to reach kube-proxy on every
+/// node (about a second on a healthy cluster) with room for a busy one.
+pub const ENGINE_SHUTDOWN_DELAY_SECONDS: u32 = 5;
+
+/// `ballast engine --drain-timeout` in the pods (the engine's own default): how long
+/// in-flight requests may run after the shutdown delay before they are aborted.
+pub const ENGINE_DRAIN_TIMEOUT_SECONDS: u32 = 600;
+
+/// Time for the engine to close its connections and exit after the drain.
+pub const EXIT_MARGIN_SECONDS: u32 = 30;
+
+/// The pods' termination grace period with the operator's engine flags: shutdown delay,
+/// then drain limit, plus a margin to exit, so Kubernetes never kills a replica that is
+/// still finishing what it accepted. (`spec.engine.args` that set longer ones get a longer
+/// period, see [`termination_grace_seconds`].)
+pub const TERMINATION_GRACE_SECONDS: i64 =
+    (ENGINE_SHUTDOWN_DELAY_SECONDS + ENGINE_DRAIN_TIMEOUT_SECONDS + EXIT_MARGIN_SECONDS) as i64;
 
 /// Non-root user the engine container runs as.
 pub const RUN_AS_USER: i64 = 65532;
@@ -166,7 +181,7 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
     } else {
         0
     };
-    let cmd = engine_args::command(
+    let mut cmd = engine_args::command(
         isvc,
         Listen {
             host: "$(POD_IP)",
@@ -174,6 +189,18 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             grpc_port,
         },
     );
+    if e.kind == EngineKind::Ballast {
+        // Right after `engine`, so `spec.engine.args` (last) can override them.
+        let shutdown = [
+            "--shutdown-delay".to_string(),
+            ENGINE_SHUTDOWN_DELAY_SECONDS.to_string(),
+            "--drain-timeout".to_string(),
+            ENGINE_DRAIN_TIMEOUT_SECONDS.to_string(),
+        ];
+        let at = usize::from(cmd.args.first().is_some_and(|a| a == "engine"));
+        cmd.args.splice(at..at, shutdown);
+    }
+    let termination_grace = termination_grace_seconds(e.kind, &cmd.args);
     let mut ports = vec![ContainerPort {
         name: Some("http".into()),
         container_port: e.port,
@@ -292,7 +319,7 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
         readiness_gates: Some(vec![PodReadinessGate {
             condition_type: ACCEPTING_CONDITION.into(),
         }]),
-        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        termination_grace_period_seconds: Some(termination_grace),
         // Engines never call the API server: no ServiceAccount token in their pods.
         automount_service_account_token: Some(false),
         security_context: Some(PodSecurityContext {
@@ -336,6 +363,47 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
         }),
         status: None,
     })
+}
+
+/// The termination grace period for a pod running `args`: for a Ballast engine its
+/// shutdown delay plus drain timeout (the last value of each flag, as the engine reads
+/// them, so `spec.engine.args` may raise them) plus [`EXIT_MARGIN_SECONDS`]; for other
+/// engines, whose shutdown the operator does not configure,
+/// [`TERMINATION_GRACE_SECONDS`].
+pub fn termination_grace_seconds(kind: EngineKind, args: &[String]) -> i64 {
+    if kind != EngineKind::Ballast {
+        return TERMINATION_GRACE_SECONDS;
+    }
+    let seconds = |flag: &str, default: u32| {
+        last_flag_value(args, flag)
+            .and_then(|v| v.parse::<f64>().ok())
+            // A value the engine refuses fails the pod at start; nothing to cover then.
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .unwrap_or(f64::from(default))
+    };
+    let total = seconds("--shutdown-delay", ENGINE_SHUTDOWN_DELAY_SECONDS)
+        + seconds("--drain-timeout", ENGINE_DRAIN_TIMEOUT_SECONDS)
+        + f64::from(EXIT_MARGIN_SECONDS);
+    // Kubernetes takes whole seconds in an int64; anything near that bound is absurd, and
+    // the cast saturates rather than wraps.
+    total.ceil() as i64
+}
+
+/// The value the last `--flag V` or `--flag=V` in `args` gives, if any.
+fn last_flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut found = None;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == flag {
+            found = args.get(i + 1).map(String::as_str);
+            i += 1;
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            found = Some(v);
+        }
+        i += 1;
+    }
+    found
 }
 
 /// The variable the Ballast engine reads its model cache directory from.
@@ -556,9 +624,10 @@ spec:
             pod.readiness_gates.as_ref().unwrap()[0].condition_type,
             ACCEPTING_CONDITION
         );
-        assert!(
-            pod.termination_grace_period_seconds.unwrap() > 600,
-            "covers the engine's 600 s drain"
+        assert_eq!(
+            pod.termination_grace_period_seconds,
+            Some(5 + 600 + 30),
+            "covers the engine's shutdown delay and drain, with a margin"
         );
         let mounts = container(&d).volume_mounts.as_ref().unwrap();
         assert_eq!(mounts[0].mount_path, "/tmp", "a writable /tmp");
@@ -727,6 +796,85 @@ spec:
         assert_eq!(sm["spec"]["endpoints"][0]["interval"], "3s");
         assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
         assert_eq!(sm["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    }
+
+    #[test]
+    fn ballast_pods_get_a_shutdown_delay_and_a_grace_period_that_covers_it() {
+        let args = |d: &Deployment| container(d).args.clone().unwrap();
+        let grace = |d: &Deployment| pod(d).termination_grace_period_seconds;
+        let value = |a: &[String], flag: &str| last_flag_value(a, flag).map(str::to_string);
+
+        let d = deployment(&input(&isvc("{}"))).unwrap();
+        let a = args(&d);
+        assert_eq!(
+            &a[..5],
+            ["engine", "--shutdown-delay", "5", "--drain-timeout", "600"],
+            "first, so spec.engine.args can override them"
+        );
+        assert_eq!(grace(&d), Some(TERMINATION_GRACE_SECONDS));
+        assert!(TERMINATION_GRACE_SECONDS >= 5 + 600);
+
+        // Table: spec.engine.args, the delay and drain timeout the engine will read, and
+        // the grace period.
+        let cases: [(&str, &str, &str, i64); 5] = [
+            ("[--shutdown-delay, '10']", "10", "600", 10 + 600 + 30),
+            ("['--drain-timeout=1200']", "5", "1200", 5 + 1200 + 30),
+            (
+                "[--drain-timeout, '0.5', --shutdown-delay, '0']",
+                "0",
+                "0.5",
+                31,
+            ),
+            // A value the engine refuses fails the pod; the default period stays.
+            (
+                "[--drain-timeout, soon]",
+                "5",
+                "soon",
+                TERMINATION_GRACE_SECONDS,
+            ),
+            (
+                "[--drain-timeout, '-3']",
+                "5",
+                "-3",
+                TERMINATION_GRACE_SECONDS,
+            ),
+        ];
+        for (extra, delay, drain, want) in cases {
+            let d = deployment(&input(&isvc(&format!("{{args: {extra}}}")))).unwrap();
+            let a = args(&d);
+            assert_eq!(
+                value(&a, "--shutdown-delay").as_deref(),
+                Some(delay),
+                "{extra}"
+            );
+            assert_eq!(
+                value(&a, "--drain-timeout").as_deref(),
+                Some(drain),
+                "{extra}"
+            );
+            assert_eq!(grace(&d), Some(want), "{extra}");
+        }
+
+        // Other engines get neither flag, and the default period.
+        let d = deployment(&input(&isvc(
+            "{kind: sglang, image: 'lmsysorg/sglang:v0.5.0'}",
+        )))
+        .unwrap();
+        assert!(!args(&d).iter().any(|a| a.starts_with("--shutdown-delay")));
+        assert_eq!(grace(&d), Some(TERMINATION_GRACE_SECONDS));
+    }
+
+    #[test]
+    fn last_flag_values() {
+        let a: Vec<String> = ["--x", "1", "--x=2", "--xy", "9", "--x"]
+            .map(String::from)
+            .to_vec();
+        // The trailing `--x` has no value: the engine would refuse it; nothing to read.
+        assert_eq!(last_flag_value(&a, "--x"), None);
+        assert_eq!(last_flag_value(&a[..5], "--x"), Some("2"));
+        assert_eq!(last_flag_value(&a[..2], "--x"), Some("1"));
+        assert_eq!(last_flag_value(&a, "--y"), None);
+        assert_eq!(last_flag_value(&a, "--xy"), Some("9"));
     }
 
     #[test]
