@@ -247,9 +247,9 @@ fn prebuilt_image_is_minimal_and_runs_as_65532() {
             "{gone} in the shipped binary"
         );
     }
-    // The base is small: the image is the binary plus at most 30 MB.
+    // The base is small: the image is the binary plus at most 15 MB (8 MB in 2026).
     assert!(
-        built.size_bytes < meta.len() + 30_000_000,
+        built.size_bytes < meta.len() + 15_000_000,
         "{} bytes for a {}-byte binary",
         built.size_bytes,
         meta.len()

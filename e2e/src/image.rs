@@ -38,7 +38,7 @@ pub const BASE_PACKAGES: [&str; 6] = [
 
 /// Changes whenever what [`runtime_base`] puts in the base changes; stored as the base's
 /// label `dev.ballast.runtime-base.recipe`, so an older base is rebuilt, not reused.
-const RECIPE: &str = "1";
+const RECIPE: &str = "2";
 
 /// The label holding [`RECIPE`].
 const RECIPE_LABEL: &str = "dev.ballast.runtime-base.recipe";
@@ -117,12 +117,14 @@ pub fn cache_dir() -> Result<PathBuf, String> {
 ///
 /// The root filesystem is made once, by `mmdebstrap --variant=extract` (the packages'
 /// files, no maintainer scripts, so nothing runs inside it) from [`BASE_PACKAGES`], then
-/// tidied here: every program removed, `/etc/passwd`, `/etc/group` and
-/// `/etc/nsswitch.conf` written, the CA bundle `/etc/ssl/certs/ca-certificates.crt`
-/// assembled (update-ca-certificates would have), `/home/nonroot` made for 65532. It is
-/// kept as `runtime-base-bookworm-rRECIPE.tar` in [`cache_dir`], so a later base needs no network.
-/// The image is that tarball as one layer, with `PATH` set and user 65532:65532 (as
-/// distroless `:nonroot`). Concurrent callers wait on a lock file in the cache directory.
+/// tidied here: every program removed, and the libraries and data nothing uses (OpenSSL,
+/// iconv modules, debconf, apt and dpkg state); `/etc/passwd`, `/etc/group` and
+/// `/etc/nsswitch.conf` written; the CA bundle `/etc/ssl/certs/ca-certificates.crt`
+/// assembled (as update-ca-certificates would have); `/home/nonroot` made for 65532. It
+/// is kept as `runtime-base-bookworm-rRECIPE.tar` in [`cache_dir`], so a later base needs
+/// no network. The image is that tarball as one layer, with `PATH` set and user
+/// 65532:65532 (as distroless `:nonroot`). Concurrent callers wait on a lock file in the
+/// cache directory.
 pub fn runtime_base() -> Result<String, String> {
     tools()?;
     let dir = cache_dir()?;
@@ -132,6 +134,14 @@ pub fn runtime_base() -> Result<String, String> {
         return Ok(RUNTIME_BASE.to_string());
     }
     let tarball = dir.join(format!("runtime-base-{DEBIAN_SUITE}-r{RECIPE}.tar"));
+    // Tarballs of earlier recipes are never used again.
+    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("runtime-base-") && entry.path() != tarball {
+            remove_tree(&entry.path())?;
+        }
+    }
+    let previous = image_id(RUNTIME_BASE);
     if !tarball.is_file() {
         make_rootfs_tarball(&dir, &tarball)?;
     }
@@ -162,7 +172,12 @@ pub fn runtime_base() -> Result<String, String> {
     if result.is_err() {
         let _ = run(Command::new("buildah").args(["rm", &ctr]));
     }
-    result.map(|_| RUNTIME_BASE.to_string())
+    result?;
+    // The base of an earlier recipe lost its name to this one; images built on it keep it.
+    if let Some(old) = previous {
+        let _ = run(Command::new("buildah").args(["rmi", &old]));
+    }
+    Ok(RUNTIME_BASE.to_string())
 }
 
 /// Runs mmdebstrap into a directory under `dir`, tidies it, and writes it as `tarball`
@@ -215,17 +230,52 @@ fn tidy_rootfs(root: &Path) -> Result<(), String> {
         remove_tree(&d)?;
         std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
     }
-    // debconf's Perl modules and templates, manuals; licences (copyright files) stay.
+    // What the dependencies brought that nothing here uses: debconf's Perl modules, the
+    // OpenSSL libraries and scripts (the binary uses rustls), glibc's iconv modules (it
+    // never calls iconv), manuals, apt's and dpkg's empty state (no package manager), a
+    // motd script, and the host's hostname and resolv.conf that mmdebstrap copied in (the
+    // runtime mounts its own). Licences (the copyright files) stay. Running on less than
+    // distroless has is the conservative side: what runs here runs there.
     for gone in [
         "usr/share/perl5",
         "usr/share/debconf",
         "var/cache/debconf",
+        "etc/debconf.conf",
         "usr/share/man",
         "usr/share/info",
         "usr/share/lintian",
         "usr/share/locale",
+        "usr/lib/ssl/misc",
+        "var/cache/apt",
+        "var/lib/apt",
+        "var/lib/dpkg",
+        "etc/update-motd.d",
+        "etc/hostname",
+        "etc/resolv.conf",
     ] {
         remove_tree(&root.join(gone))?;
+    }
+    for multiarch in std::fs::read_dir(root.join("usr/lib"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if !multiarch
+            .file_name()
+            .to_string_lossy()
+            .ends_with("-linux-gnu")
+        {
+            continue;
+        }
+        for gone in [
+            "gconv",
+            "engines-3",
+            "ossl-modules",
+            "libssl.so.3",
+            "libcrypto.so.3",
+        ] {
+            remove_tree(&multiarch.path().join(gone))?;
+        }
     }
     let doc = root.join("usr/share/doc");
     if let Ok(entries) = std::fs::read_dir(&doc) {
@@ -236,13 +286,7 @@ fn tidy_rootfs(root: &Path) -> Result<(), String> {
                 .flatten()
             {
                 if f.file_name() != "copyright" {
-                    let p = f.path();
-                    let r = if p.is_dir() && !p.is_symlink() {
-                        std::fs::remove_dir_all(&p)
-                    } else {
-                        std::fs::remove_file(&p)
-                    };
-                    r.map_err(|e| io(&p, e))?;
+                    remove_tree(&f.path())?;
                 }
             }
         }
@@ -313,12 +357,19 @@ fn tidy_rootfs(root: &Path) -> Result<(), String> {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o1777))
             .map_err(|e| io(&p, e))?;
     }
-    for lib in [
-        "lib64/ld-linux-x86-64.so.2",
-        "lib/x86_64-linux-gnu/libgcc_s.so.1",
-    ] {
-        if cfg!(target_arch = "x86_64") && !root.join(lib).exists() {
-            return Err(format!("mmdebstrap's tree has no /{lib}"));
+    // What the binary links (ldd: the loader, libc, libm, libgcc_s), as files of the tree
+    // itself: symlink_metadata, since an absolute link would be followed on the host.
+    if cfg!(target_arch = "x86_64") {
+        for lib in [
+            "lib64/ld-linux-x86-64.so.2",
+            "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            "lib/x86_64-linux-gnu/libc.so.6",
+            "lib/x86_64-linux-gnu/libm.so.6",
+            "lib/x86_64-linux-gnu/libgcc_s.so.1",
+        ] {
+            if std::fs::symlink_metadata(root.join(lib)).is_err() {
+                return Err(format!("mmdebstrap's tree has no /{lib}"));
+            }
         }
     }
     Ok(())
@@ -346,8 +397,15 @@ fn collect_files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) -> Result<(), St
     Ok(())
 }
 
+/// Removes `p`: a directory with everything in it, or a file or symlink (never followed).
+/// Ok when it was not there.
 fn remove_tree(p: &Path) -> Result<(), String> {
-    match std::fs::remove_dir_all(p) {
+    let removed = match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) => Err(e),
+    };
+    match removed {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(format!("{}: {e}", p.display())),
