@@ -311,6 +311,10 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             ..SecurityContext::default()
         }),
         volume_mounts: Some(volume_mounts),
+        // An engine that exits with an error says why on stderr; with this the kubelet
+        // keeps the end of that log as the termination message, which the operator quotes
+        // in the Degraded condition of a crash loop.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Container::default()
     };
     let selector = labels::selector_labels(&name);
@@ -631,6 +635,11 @@ spec:
         );
         let mounts = container(&d).volume_mounts.as_ref().unwrap();
         assert_eq!(mounts[0].mount_path, "/tmp", "a writable /tmp");
+        assert_eq!(
+            container(&d).termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError"),
+            "a crash loop's status can quote the engine's last words"
+        );
     }
 
     fn pod(d: &Deployment) -> &PodSpec {
@@ -812,7 +821,7 @@ spec:
             "first, so spec.engine.args can override them"
         );
         assert_eq!(grace(&d), Some(TERMINATION_GRACE_SECONDS));
-        assert!(TERMINATION_GRACE_SECONDS >= 5 + 600);
+        const { assert!(TERMINATION_GRACE_SECONDS >= 5 + 600) };
 
         // Table: spec.engine.args, the delay and drain timeout the engine will read, and
         // the grace period.

@@ -112,6 +112,7 @@ mod tests {
             terminating: false,
             accepting,
             deletion_cost: cost.map(str::to_string),
+            start_failure: None,
         }
     }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::Api;
 use kube::api::ListParams;
 
@@ -29,6 +29,118 @@ pub struct PodView {
     pub accepting: Option<bool>,
     /// Its `controller.kubernetes.io/pod-deletion-cost`, if set.
     pub deletion_cost: Option<String>,
+    /// A container that cannot run (image, creation, crash loop), as the kubelet says.
+    pub start_failure: Option<StartFailure>,
+}
+
+/// What keeps a container from running, by what the user has to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StartFailureKind {
+    /// The image cannot be pulled or is not on the node: `ErrImagePull`,
+    /// `ImagePullBackOff`, `ErrImageNeverPull`, `InvalidImageName`.
+    ImagePull,
+    /// The container cannot be created: `CreateContainerConfigError` (a missing Secret or
+    /// ConfigMap, say), `CreateContainerError`.
+    CreateContainer,
+    /// It starts and exits, again and again: `CrashLoopBackOff`.
+    CrashLoop,
+}
+
+impl StartFailureKind {
+    /// The kind a kubelet `state.waiting.reason` means, if it is one of these.
+    pub fn of_waiting_reason(reason: &str) -> Option<Self> {
+        match reason {
+            "ErrImagePull" | "ImagePullBackOff" | "ErrImageNeverPull" | "InvalidImageName" => {
+                Some(Self::ImagePull)
+            }
+            "CreateContainerConfigError" | "CreateContainerError" => Some(Self::CreateContainer),
+            "CrashLoopBackOff" => Some(Self::CrashLoop),
+            _ => None,
+        }
+    }
+
+    /// The reason of the `Degraded` condition it sets.
+    pub fn condition_reason(self) -> &'static str {
+        match self {
+            Self::ImagePull => "ImagePullFailed",
+            Self::CreateContainer => "ContainerCreateFailed",
+            Self::CrashLoop => "EngineCrashLoop",
+        }
+    }
+}
+
+/// Longest piece of kubelet text kept in a message (termination messages can be 4 KiB).
+const MAX_DETAIL_CHARS: usize = 300;
+
+/// One container of a pod that cannot run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartFailure {
+    /// The container's name.
+    pub container: String,
+    /// What to fix.
+    pub kind: StartFailureKind,
+    /// The kubelet's `state.waiting.reason`, e.g. `ImagePullBackOff`.
+    pub reason: String,
+    /// The kubelet's `state.waiting.message` (may be empty).
+    pub message: String,
+    /// For a container that ran before: how it last ended (exit code, reason and the last
+    /// line of its termination message, which the engine container fills from its log).
+    pub last_exit: Option<String>,
+}
+
+/// The last non-empty line of `text`, cut to [`MAX_DETAIL_CHARS`].
+fn last_line(text: &str) -> Option<String> {
+    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    Some(match line.char_indices().nth(MAX_DETAIL_CHARS) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
+    })
+}
+
+impl StartFailure {
+    /// The failure a container status shows, if any.
+    pub fn of(status: &ContainerStatus) -> Option<StartFailure> {
+        let waiting = status.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.as_deref()?;
+        let kind = StartFailureKind::of_waiting_reason(reason)?;
+        let last_exit = status
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| {
+                let mut exit = format!("exit code {}", t.exit_code);
+                if let Some(r) = t.reason.as_deref().filter(|r| !r.is_empty()) {
+                    exit.push_str(&format!(" ({r})"));
+                }
+                if let Some(m) = t.message.as_deref().and_then(last_line) {
+                    exit.push_str(&format!(": {m}"));
+                }
+                exit
+            });
+        Some(StartFailure {
+            container: status.name.clone(),
+            kind,
+            reason: reason.to_string(),
+            message: waiting
+                .message
+                .as_deref()
+                .and_then(last_line)
+                .unwrap_or_default(),
+            last_exit,
+        })
+    }
+
+    /// One line: pod, container, reason, the kubelet's message and the last exit.
+    pub fn describe(&self, pod: &str) -> String {
+        let mut s = format!("pod {pod} container {}: {}", self.container, self.reason);
+        if !self.message.is_empty() {
+            s.push_str(&format!(": {}", self.message));
+        }
+        if let Some(exit) = &self.last_exit {
+            s.push_str(&format!(" (last exit: {exit})"));
+        }
+        s
+    }
 }
 
 impl PodView {
@@ -41,6 +153,16 @@ impl PodView {
                 .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
                 .map(|c| c.status == "True")
         };
+        // Init containers first: while one fails, the others have not started.
+        let start_failure = status
+            .into_iter()
+            .flat_map(|s| {
+                s.init_container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.container_statuses.iter().flatten())
+            })
+            .find_map(StartFailure::of);
         PodView {
             name: pod.metadata.name.clone().unwrap_or_default(),
             ip: status
@@ -54,6 +176,7 @@ impl PodView {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(DELETION_COST).cloned()),
+            start_failure,
         }
     }
 
@@ -105,6 +228,24 @@ impl Observed {
             .filter(|p| p.ready() && p.accepting == Some(false))
             .map(|p| p.name.clone())
             .collect()
+    }
+
+    /// The pods (not leaving) with a container that cannot run, most actionable kind
+    /// first (image, then creation, then crash loop), then by name.
+    pub fn start_failures(&self) -> Vec<(&PodView, &StartFailure)> {
+        let mut failing: Vec<_> = self
+            .pods
+            .iter()
+            .filter(|p| !p.terminating)
+            .filter_map(|p| p.start_failure.as_ref().map(|f| (p, f)))
+            .collect();
+        failing.sort_by(|a, b| (a.1.kind, &a.0.name).cmp(&(b.1.kind, &b.0.name)));
+        failing
+    }
+
+    /// Pods not leaving.
+    pub fn live_pods(&self) -> usize {
+        self.pods.iter().filter(|p| !p.terminating).count()
     }
 
     /// Ready pods by name.
@@ -207,5 +348,154 @@ mod tests {
             o.ready_pods().keys().copied().collect::<Vec<_>>(),
             ["a", "b", "c"]
         );
+    }
+
+    /// A pod as the kubelet reports it, from JSON.
+    fn pod_json(name: &str, status: serde_json::Value, deleting: bool) -> Pod {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "status": status,
+        }))
+        .unwrap();
+        if deleting {
+            p.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        }
+        p
+    }
+
+    fn waiting(container: &str, reason: &str, message: &str) -> serde_json::Value {
+        serde_json::json!({"name": container, "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": reason, "message": message}}})
+    }
+
+    #[test]
+    fn every_kubelet_reason_that_keeps_a_container_from_running_is_classified() {
+        use StartFailureKind::*;
+        // Table: the kubelet's waiting reason and the kind (None: a normal wait).
+        let cases = [
+            ("ErrImagePull", Some(ImagePull)),
+            ("ImagePullBackOff", Some(ImagePull)),
+            ("ErrImageNeverPull", Some(ImagePull)),
+            ("InvalidImageName", Some(ImagePull)),
+            ("CreateContainerConfigError", Some(CreateContainer)),
+            ("CreateContainerError", Some(CreateContainer)),
+            ("CrashLoopBackOff", Some(CrashLoop)),
+            ("ContainerCreating", None),
+            ("PodInitializing", None),
+            ("", None),
+        ];
+        for (reason, want) in cases {
+            assert_eq!(
+                StartFailureKind::of_waiting_reason(reason),
+                want,
+                "{reason}"
+            );
+            let p = pod_json(
+                "p",
+                serde_json::json!({"containerStatuses": [waiting("engine", reason, "m")]}),
+                false,
+            );
+            assert_eq!(
+                PodView::of(&p).start_failure.map(|f| f.kind),
+                want,
+                "{reason}"
+            );
+        }
+        assert_eq!(ImagePull.condition_reason(), "ImagePullFailed");
+        assert_eq!(CreateContainer.condition_reason(), "ContainerCreateFailed");
+        assert_eq!(CrashLoop.condition_reason(), "EngineCrashLoop");
+    }
+
+    #[test]
+    fn a_failure_names_its_container_the_kubelets_message_and_the_last_exit() {
+        let never = pod_json(
+            "chat-1",
+            serde_json::json!({"containerStatuses": [waiting("engine", "ErrImageNeverPull",
+                "Container image \"ballast:dev\" is not present with pull policy of Never")]}),
+            false,
+        );
+        let f = PodView::of(&never).start_failure.unwrap();
+        assert_eq!(
+            f.describe("chat-1"),
+            "pod chat-1 container engine: ErrImageNeverPull: Container image \"ballast:dev\" is not present with pull policy of Never"
+        );
+        // A crash loop: the last termination, its exit code and the last line of the
+        // termination message (the end of the engine's log), cut to a bounded length.
+        let mut looping = waiting(
+            "engine",
+            "CrashLoopBackOff",
+            "back-off 10s restarting failed container=engine pod=chat-2",
+        );
+        let long = "x".repeat(1000);
+        looping["lastState"] = serde_json::json!({"terminated": {"exitCode": 2, "reason": "Error",
+            "message": format!("starting\nerror: --model: unknown model {long}\n\n")}});
+        let p = pod_json(
+            "chat-2",
+            serde_json::json!({"containerStatuses": [looping]}),
+            false,
+        );
+        let f = PodView::of(&p).start_failure.unwrap();
+        assert_eq!(f.kind, StartFailureKind::CrashLoop);
+        let exit = f.last_exit.as_deref().unwrap();
+        assert!(
+            exit.starts_with("exit code 2 (Error): error: --model: unknown model xxx"),
+            "{exit}"
+        );
+        assert!(exit.ends_with('…') && exit.chars().count() < 400, "{exit}");
+        let d = f.describe("chat-2");
+        assert!(
+            d.starts_with("pod chat-2 container engine: CrashLoopBackOff: back-off 10s")
+                && d.contains("(last exit: exit code 2 (Error)"),
+            "{d}"
+        );
+        // An init container that fails is found before the (not started) main one; one
+        // without a message still names its reason.
+        let p = pod_json(
+            "chat-3",
+            serde_json::json!({
+                "initContainerStatuses": [waiting("fetch-model", "CreateContainerConfigError", "")],
+                "containerStatuses": [waiting("engine", "PodInitializing", "")],
+            }),
+            false,
+        );
+        assert_eq!(
+            PodView::of(&p).start_failure.unwrap().describe("chat-3"),
+            "pod chat-3 container fetch-model: CreateContainerConfigError"
+        );
+    }
+
+    #[test]
+    fn start_failures_skip_leaving_pods_and_put_the_most_actionable_first() {
+        let o = Observed {
+            deployment: None,
+            pods: [
+                pod_json(
+                    "a",
+                    serde_json::json!({"containerStatuses": [waiting("engine", "CrashLoopBackOff", "")]}),
+                    false,
+                ),
+                pod_json(
+                    "b",
+                    serde_json::json!({"containerStatuses": [waiting("engine", "ImagePullBackOff", "")]}),
+                    false,
+                ),
+                pod_json(
+                    "c",
+                    serde_json::json!({"containerStatuses": [waiting("engine", "ErrImagePull", "")]}),
+                    true,
+                ),
+                pod("d", &[("ContainersReady", "True")], Some("10.0.0.4"), false),
+            ]
+            .iter()
+            .map(PodView::of)
+            .collect(),
+        };
+        let names: Vec<&str> = o
+            .start_failures()
+            .iter()
+            .map(|(p, _)| p.name.as_str())
+            .collect();
+        assert_eq!(names, ["b", "a"], "image before crash loop; c is leaving");
+        assert_eq!(o.live_pods(), 3);
     }
 }

@@ -33,6 +33,8 @@ pub mod leader;
 pub mod rbac;
 mod run;
 pub mod status;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -393,20 +395,25 @@ async fn reconcile_inner(
         })
         .unwrap_or_default();
     let mut conditions = conditions;
-    // A spec that was invalid and is valid now: say so, or Degraded would stay True.
-    let was_degraded = isvc.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == "Degraded" && c.status == "True")
+    // Pods that cannot run (image, container creation, crash loop) make it Degraded; a
+    // spec that was invalid and pods that recovered turn it False again, or it would stay.
+    let live_degraded = status::live_condition(isvc, "Degraded");
+    let degraded =
+        status::degraded_condition(live_degraded, status::start_failure_condition(&observed));
+    // An Event when Degraded turns True or changes reason, or recovers from pods that
+    // could not run (not when only the message moves, as back-off times do).
+    let degraded_event = degraded.as_ref().and_then(|c| {
+        let flipped = live_degraded.is_none_or(|l| (l.status == "True") != c.status);
+        let changed = flipped || live_degraded.is_some_and(|l| l.reason != c.reason);
+        match (c.status, changed) {
+            (true, true) => Some((EventType::Warning, c.reason, c.message.clone())),
+            (false, true) if c.reason == "EnginesRunning" => {
+                Some((EventType::Normal, c.reason, c.message.clone()))
+            }
+            _ => None,
+        }
     });
-    if was_degraded {
-        conditions.push(ConditionSet {
-            type_: "Degraded",
-            status: false,
-            reason: "SpecValid",
-            message: "the spec is valid and reconciled".into(),
-        });
-    }
+    conditions.extend(degraded);
     let s = status::status(status::NewStatus {
         isvc,
         counts,
@@ -418,6 +425,9 @@ async fn reconcile_inner(
     });
     let wrote = status::write(isvcs, isvc, &s).await?;
     ctx.count_write(&ns, &name, "status", wrote);
+    if let (true, Some((type_, reason, message))) = (wrote, degraded_event) {
+        ctx.event(isvc, type_, reason, message).await;
+    }
     if let Some(o) = outcome {
         record(ctx, isvc, o).await;
     }

@@ -7,6 +7,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::apply::FIELD_MANAGER;
+use super::fetch::Observed;
 use crate::status::{self, ConditionSet, ReplicaCounts, StatusParts};
 
 /// What the new status is made of.
@@ -73,6 +74,65 @@ pub fn status(n: NewStatus<'_>) -> InferenceServiceStatus {
         conditions: &conditions,
         last_decision: last_decision.as_ref(),
     })
+}
+
+/// `Degraded=True` when engine pods cannot run: reason `ImagePullFailed`,
+/// `ContainerCreateFailed` or `EngineCrashLoop` (the most actionable kind among the failing
+/// pods), and a message naming the pod, container, kubelet reason and message (and how
+/// the container last exited), with how many pods fail. `None` when every pod runs or
+/// starts normally.
+pub fn start_failure_condition(observed: &Observed) -> Option<ConditionSet<'static>> {
+    let failing = observed.start_failures();
+    let (pod, first) = failing.first()?;
+    let mut message = first.describe(&pod.name);
+    if failing.len() > 1 {
+        message.push_str(&format!(
+            "; {} of {} pods cannot run",
+            failing.len(),
+            observed.live_pods()
+        ));
+    }
+    Some(ConditionSet {
+        type_: "Degraded",
+        status: true,
+        reason: first.kind.condition_reason(),
+        message,
+    })
+}
+
+/// The `Degraded` condition of a valid spec: `degraded` when pods cannot run; otherwise
+/// False, but only when it was True (a resource that never was degraded gets no condition
+/// for it), with the reason that says what recovered.
+pub fn degraded_condition(
+    live: Option<&Condition>,
+    degraded: Option<ConditionSet<'static>>,
+) -> Option<ConditionSet<'static>> {
+    if degraded.is_some() {
+        return degraded;
+    }
+    let was = live.filter(|c| c.status == "True")?;
+    Some(if was.reason == "InvalidSpec" {
+        ConditionSet {
+            type_: "Degraded",
+            status: false,
+            reason: "SpecValid",
+            message: "the spec is valid and reconciled".into(),
+        }
+    } else {
+        ConditionSet {
+            type_: "Degraded",
+            status: false,
+            reason: "EnginesRunning",
+            message: "no engine pod is failing to start".into(),
+        }
+    })
+}
+
+/// The live condition of `type_`, if the resource has one.
+pub fn live_condition<'a>(isvc: &'a InferenceService, type_: &str) -> Option<&'a Condition> {
+    isvc.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
 }
 
 /// Writes `status` unless the live one already equals it. True when it wrote.
@@ -182,5 +242,46 @@ mod tests {
         assert_eq!(s.desired_replicas, 2);
         let types: Vec<&str> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
         assert_eq!(types, ["ScalingActive", "Ready"]);
+    }
+
+    #[test]
+    fn degraded_turns_false_only_after_true_with_the_reason_that_recovered() {
+        let live = |status: &str, reason: &str| Condition {
+            type_: "Degraded".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: at(1),
+            observed_generation: None,
+        };
+        let failing = ConditionSet {
+            type_: "Degraded",
+            status: true,
+            reason: "ImagePullFailed",
+            message: "m".into(),
+        };
+        // Pods failing: that, whatever was before.
+        assert_eq!(
+            degraded_condition(Some(&live("True", "InvalidSpec")), Some(failing.clone())),
+            Some(failing.clone())
+        );
+        assert_eq!(
+            degraded_condition(None, Some(failing.clone())),
+            Some(failing)
+        );
+        // Recovered: from an invalid spec, or from pods that could not run.
+        let reason =
+            |l: Option<&Condition>| degraded_condition(l, None).map(|c| (c.status, c.reason));
+        assert_eq!(
+            reason(Some(&live("True", "InvalidSpec"))),
+            Some((false, "SpecValid"))
+        );
+        assert_eq!(
+            reason(Some(&live("True", "EngineCrashLoop"))),
+            Some((false, "EnginesRunning"))
+        );
+        // Never degraded, or already False: nothing to set.
+        assert_eq!(reason(None), None);
+        assert_eq!(reason(Some(&live("False", "EnginesRunning"))), None);
     }
 }
