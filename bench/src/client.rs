@@ -19,6 +19,49 @@ const MAX_ERROR_CHARS: usize = 200;
 /// How long the start-up `/v1/models` probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How many times one request is sent again after the server closed (or reset) its
+/// connection before any response arrived. Once is enough: the resend goes on a new
+/// connection (never another pooled one, which the same server may be closing at that
+/// moment: a drain closes all its idle connections at once), and a server that closes a
+/// new connection without answering is broken, which resending cannot fix.
+pub(crate) const MAX_RESENDS: u32 = 1;
+
+/// hyper's message for a connection that closed before a whole response came (its
+/// `IncompleteMessage`). hyper is not a direct dependency, so its error is recognised by
+/// its text; `bench/tests/keep_alive.rs` breaks if hyper ever words it differently.
+const CLOSED_BEFORE_RESPONSE: &str = "connection closed before message completed";
+
+/// Whether a failed `send()` means the server closed or reset the connection before any
+/// response came: the race in which an HTTP/1.1 server closes an idle kept-alive
+/// connection (a drain, a keep-alive timeout) just as the client sends a request on it.
+/// The server never answered, so the request is sent again instead of being counted as a
+/// failure. Connect errors (nothing listens: a real failure), timeouts and anything after
+/// the response head (a stream cut short) are not this.
+pub(crate) fn closed_before_response(e: &reqwest::Error) -> bool {
+    if e.is_timeout() || e.is_connect() || e.is_body() || e.is_decode() || e.is_status() {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            )
+        {
+            return true;
+        }
+        if s.to_string() == CLOSED_BEFORE_RESPONSE {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// What happened to one request.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RequestRecord {
@@ -26,6 +69,9 @@ pub(crate) struct RequestRecord {
     /// When the last byte (or `[DONE]`) arrived, or when the request failed.
     pub end: Instant,
     pub outcome: Outcome,
+    /// Times it was sent again because the server closed its connection before answering
+    /// ([`closed_before_response`]).
+    pub resends: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -161,6 +207,22 @@ fn is_loopback(base_url: &str) -> bool {
 
 /// Builds the shared HTTP client (connection pool, default headers).
 pub(crate) fn build_client(config: &Config) -> Result<reqwest::Client, BenchError> {
+    client_builder(config)?
+        .build()
+        .map_err(|e| BenchError::Client(chain(&e)))
+}
+
+/// A client that keeps no idle connection, so each request opens a new one: for resends
+/// ([`closed_before_response`]). Behind a Kubernetes Service a new connection is also
+/// balanced anew, away from the pod that closed the old one.
+pub(crate) fn build_fresh_client(config: &Config) -> Result<reqwest::Client, BenchError> {
+    client_builder(config)?
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(|e| BenchError::Client(chain(&e)))
+}
+
+fn client_builder(config: &Config) -> Result<reqwest::ClientBuilder, BenchError> {
     // reqwest is built without a bundled crypto provider: the program chooses one (the
     // `ballast` binary does in main). Without it reqwest would panic here.
     if rustls::crypto::CryptoProvider::get_default().is_none() {
@@ -173,7 +235,7 @@ pub(crate) fn build_client(config: &Config) -> Result<reqwest::Client, BenchErro
         // A proxy in the environment would distort local latency numbers.
         builder = builder.no_proxy();
     }
-    builder.build().map_err(|e| BenchError::Client(chain(&e)))
+    Ok(builder)
 }
 
 /// GET `/v1/models`. With `want_model`, returns the first listed id; without,
@@ -225,6 +287,8 @@ pub(crate) async fn probe(
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
     client: reqwest::Client,
+    /// For resends: no pooled connections.
+    fresh: reqwest::Client,
     url: String,
     model: String,
     temperature: f64,
@@ -234,9 +298,15 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    pub(crate) fn new(client: reqwest::Client, config: &Config, model: String) -> Self {
+    pub(crate) fn new(
+        client: reqwest::Client,
+        fresh: reqwest::Client,
+        config: &Config,
+        model: String,
+    ) -> Self {
         Target {
             client,
+            fresh,
             url: format!("{}{}", config.base_url, config.endpoint.path()),
             model,
             temperature: config.temperature,
@@ -276,7 +346,9 @@ impl Target {
     /// Sends one request and records its outcome; never fails as a call.
     pub(crate) async fn send(&self, spec: &RequestSpec) -> RequestRecord {
         let start = Instant::now();
-        let result = tokio::time::timeout(self.timeout, self.exchange(spec, start)).await;
+        let mut resends = 0;
+        let result =
+            tokio::time::timeout(self.timeout, self.exchange(spec, start, &mut resends)).await;
         let (end, outcome) = match result {
             Ok(Ok((end, completed))) => (end, Outcome::Ok(completed)),
             Ok(Err(Failure::Rejected)) => (Instant::now(), Outcome::Rejected),
@@ -293,22 +365,37 @@ impl Target {
             start,
             end,
             outcome,
+            resends,
         }
     }
 
+    /// Sends `spec` (again, on a new connection, up to [`MAX_RESENDS`] times, when the
+    /// server closed the connection before answering; counted in `resends`) and reads the
+    /// response. Times
+    /// run from `start`, the first send.
     async fn exchange(
         &self,
         spec: &RequestSpec,
         start: Instant,
+        resends: &mut u32,
     ) -> Result<(Instant, Completed), Failure> {
-        let mut request = self.client.post(&self.url).json(&self.body(spec));
-        if let Some(tenant) = &spec.tenant {
-            request = request.header("x-tenant", tenant);
-        }
-        let resp = request
-            .send()
-            .await
-            .map_err(|e| Failure::Failed(chain(&e)))?;
+        let body = self.body(spec);
+        let resp = loop {
+            let client = if *resends == 0 {
+                &self.client
+            } else {
+                &self.fresh
+            };
+            let mut request = client.post(&self.url).json(&body);
+            if let Some(tenant) = &spec.tenant {
+                request = request.header("x-tenant", tenant);
+            }
+            match request.send().await {
+                Ok(resp) => break resp,
+                Err(e) if *resends < MAX_RESENDS && closed_before_response(&e) => *resends += 1,
+                Err(e) => return Err(Failure::Failed(chain(&e))),
+            }
+        };
         let status = resp.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
             // Reading the body lets the connection go back to the pool.

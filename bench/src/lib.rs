@@ -91,7 +91,12 @@ pub async fn measure(args: BenchArgs) -> Result<Report, BenchError> {
         duration: config.duration,
     };
     let shared = Shared {
-        target: Arc::new(Target::new(client, &config, model.clone())),
+        target: Arc::new(Target::new(
+            client,
+            client::build_fresh_client(&config)?,
+            &config,
+            model.clone(),
+        )),
         workload: Arc::new(Workload::new(&config)),
         tally: tally.clone(),
     };

@@ -22,6 +22,11 @@ pub struct RequestCounts {
     pub rejected: u64,
     /// Any other outcome: HTTP error, connection error, error in the stream, timeout.
     pub failed: u64,
+    /// Resends: how many times a request was sent again because the server closed or
+    /// reset a kept-alive connection before answering (the request never reached it). Not
+    /// requests: one request may be resent more than once.
+    #[serde(default)]
+    pub retried: u64,
 }
 
 /// One distinct failure message and how often it occurred.
@@ -115,6 +120,7 @@ impl Report {
 
         for r in records {
             counts.total += 1;
+            counts.retried += u64::from(r.resends);
             match &r.outcome {
                 Outcome::Rejected => counts.rejected += 1,
                 Outcome::Failed(msg) => {
@@ -223,13 +229,18 @@ impl Report {
         );
         row("Duration", format!("{:.2} s", self.duration_s));
         let c = self.requests;
-        row(
-            "Requests",
-            format!(
-                "{} ok, {} rejected (429), {} failed, {} total",
-                c.ok, c.rejected, c.failed, c.total
-            ),
+        let mut requests = format!(
+            "{} ok, {} rejected (429), {} failed, {} total",
+            c.ok, c.rejected, c.failed, c.total
         );
+        if c.retried > 0 {
+            let _ = write!(
+                requests,
+                " ({} resent: the server closed a kept-alive connection before answering)",
+                c.retried
+            );
+        }
+        row("Requests", requests);
         row(
             "Throughput",
             format!(
@@ -330,6 +341,7 @@ mod tests {
                 ttft: ttft_ms.map(|t| t as f64 / 1e3),
                 itl: vec![0.01, 0.03],
             }),
+            resends: 0,
         }
     }
 
@@ -338,6 +350,7 @@ mod tests {
             start: t0,
             end: t0 + Duration::from_millis(1),
             outcome: Outcome::Failed(msg.to_string()),
+            resends: 0,
         }
     }
 
@@ -352,6 +365,14 @@ mod tests {
                 start: t0,
                 end: t0,
                 outcome: Outcome::Rejected,
+                resends: 0,
+            },
+            // Resent twice, then shed.
+            RequestRecord {
+                start: t0,
+                end: t0,
+                outcome: Outcome::Rejected,
+                resends: 2,
             },
             failed(t0, "HTTP 500"),
         ];
@@ -359,10 +380,11 @@ mod tests {
         assert_eq!(
             r.requests,
             RequestCounts {
-                total: 5,
+                total: 6,
                 ok: 3,
-                rejected: 1,
-                failed: 1
+                rejected: 2,
+                failed: 1,
+                retried: 2,
             }
         );
         assert!((r.duration_s - 2.0).abs() < 1e-9);
@@ -430,7 +452,22 @@ mod tests {
         );
         let table = r.render_table();
         assert!(table.contains("my-model"));
-        assert!(table.contains("1 ok, 0 rejected (429), 1 failed, 2 total"));
+        assert!(table.contains("1 ok, 0 rejected (429), 1 failed, 2 total\n"));
+        let resent = Report::build(
+            &config(),
+            "m",
+            &[RequestRecord {
+                resends: 1,
+                ..ok(t0, 0, 1000, Some(100), Some(10))
+            }],
+        );
+        assert!(
+            resent
+                .render_table()
+                .contains("1 ok, 0 rejected (429), 0 failed, 1 total (1 resent: the server closed a kept-alive connection before answering)"),
+            "{}",
+            resent.render_table()
+        );
         assert!(table.contains("completions (streaming)"));
         assert!(table.contains("      1x  boom"));
         let latency: Vec<&str> = table

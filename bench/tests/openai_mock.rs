@@ -251,6 +251,7 @@ fn counts(ok: u64, rejected: u64, failed: u64) -> RequestCounts {
         ok,
         rejected,
         failed,
+        retried: 0,
     }
 }
 
