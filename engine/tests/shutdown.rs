@@ -233,6 +233,12 @@ async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes
     assert_eq!((head.status, head.closes()), (200, false), "{head:?}");
     let mut streamed = stream.chunk().await.expect("a first event");
 
+    // A client that sent half a request head and went quiet.
+    let mut half = TcpStream::connect(addr).await.unwrap();
+    half.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: engine\r\n")
+        .await
+        .unwrap();
+
     signal.send(()).unwrap();
     let signalled_at = Instant::now();
     while engine.shutdown_phase() == ShutdownPhase::Running {
@@ -316,12 +322,20 @@ async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes
     assert_eq!(usage["usage"]["completion_tokens"], tokens, "{text}");
     assert!(stream.closed_within(Duration::from_secs(5)).await);
 
-    // Then the server returns and the port is closed.
+    // Then the server returns, the half-sent request holding it up for at most a few
+    // seconds, and the port is closed.
+    let drained_at = Instant::now();
     tokio::time::timeout(Duration::from_secs(20), server)
         .await
         .expect("serve returns after the drain")
         .unwrap()
         .unwrap();
+    assert!(
+        drained_at.elapsed() < Duration::from_secs(8),
+        "a half-sent request held the shutdown for {:?}",
+        drained_at.elapsed()
+    );
+    drop(half);
     assert!(TcpStream::connect(addr).await.is_err(), "still listening");
 }
 

@@ -122,8 +122,9 @@ pub async fn serve(
     let _ = stop_serving.send(());
     drain(&engine).await;
     let _ = stop_draining.send(());
+    let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
     for (name, task) in [("serving", &mut serving), ("draining", &mut draining)] {
-        match tokio::time::timeout(CLOSE_GRACE, &mut *task).await {
+        match tokio::time::timeout_at(deadline, &mut *task).await {
             Ok(Ok(result)) => result?,
             Ok(Err(e)) => return Err(std::io::Error::other(e)),
             Err(_) => {

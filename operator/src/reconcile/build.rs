@@ -31,23 +31,32 @@ pub const ACCEPTING_CONDITION: &str = "ballast.dev/accepting";
 /// (lowest cost first).
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
-/// `ballast engine --shutdown-delay` in the pods: how long after SIGTERM a Ballast engine
-/// keeps serving new requests (each with `Connection: close`) before it drains. Long
-/// enough for the pod's removal from its Service's endpoints to reach kube-proxy on every
-/// node (about a second on a healthy cluster) with room for a busy one.
+/// The shutdown delay of Ballast engine pods ([`SHUTDOWN_DELAY_ENV`]): how long after
+/// SIGTERM the engine keeps serving new requests (each with `Connection: close`) before it
+/// drains. Long enough for the pod's removal from its Service's endpoints to reach
+/// kube-proxy on every node (about a second on a healthy cluster) with room for a busy one.
 pub const ENGINE_SHUTDOWN_DELAY_SECONDS: u32 = 5;
 
-/// `ballast engine --drain-timeout` in the pods (the engine's own default): how long
-/// in-flight requests may run after the shutdown delay before they are aborted.
+/// The variable `ballast engine --shutdown-delay` reads. The operator sets it rather than
+/// the flag: an engine image older than the flag ignores it instead of refusing to start,
+/// and `--shutdown-delay` in `spec.engine.args` (or the variable in `spec.engine.env`)
+/// still wins, with no flag given twice.
+pub const SHUTDOWN_DELAY_ENV: &str = "BALLAST_SHUTDOWN_DELAY";
+
+/// The variable `ballast engine --drain-timeout` reads (not set by the operator).
+pub const DRAIN_TIMEOUT_ENV: &str = "BALLAST_DRAIN_TIMEOUT";
+
+/// `ballast engine --drain-timeout`'s default: how long in-flight requests may run after
+/// the shutdown delay before they are aborted.
 pub const ENGINE_DRAIN_TIMEOUT_SECONDS: u32 = 600;
 
 /// Time for the engine to close its connections and exit after the drain.
 pub const EXIT_MARGIN_SECONDS: u32 = 30;
 
-/// The pods' termination grace period with the operator's engine flags: shutdown delay,
-/// then drain limit, plus a margin to exit, so Kubernetes never kills a replica that is
-/// still finishing what it accepted. (`spec.engine.args` that set longer ones get a longer
-/// period, see [`termination_grace_seconds`].)
+/// The pods' termination grace period with the operator's shutdown delay and the engine's
+/// default drain limit, plus a margin to exit, so Kubernetes never kills a replica that is
+/// still finishing what it accepted. (`spec.engine.args` or `env` that set longer ones get
+/// a longer period, see [`termination_grace_seconds`].)
 pub const TERMINATION_GRACE_SECONDS: i64 =
     (ENGINE_SHUTDOWN_DELAY_SECONDS + ENGINE_DRAIN_TIMEOUT_SECONDS + EXIT_MARGIN_SECONDS) as i64;
 
@@ -181,7 +190,7 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
     } else {
         0
     };
-    let mut cmd = engine_args::command(
+    let cmd = engine_args::command(
         isvc,
         Listen {
             host: "$(POD_IP)",
@@ -189,18 +198,6 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             grpc_port,
         },
     );
-    if e.kind == EngineKind::Ballast {
-        // Right after `engine`, so `spec.engine.args` (last) can override them.
-        let shutdown = [
-            "--shutdown-delay".to_string(),
-            ENGINE_SHUTDOWN_DELAY_SECONDS.to_string(),
-            "--drain-timeout".to_string(),
-            ENGINE_DRAIN_TIMEOUT_SECONDS.to_string(),
-        ];
-        let at = usize::from(cmd.args.first().is_some_and(|a| a == "engine"));
-        cmd.args.splice(at..at, shutdown);
-    }
-    let termination_grace = termination_grace_seconds(e.kind, &cmd.args);
     let mut ports = vec![ContainerPort {
         name: Some("http".into()),
         container_port: e.port,
@@ -250,7 +247,15 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             ..EnvVar::default()
         });
     }
+    if e.kind == EngineKind::Ballast && !e.env.iter().any(|v| v.name == SHUTDOWN_DELAY_ENV) {
+        env.push(EnvVar {
+            name: SHUTDOWN_DELAY_ENV.into(),
+            value: Some(ENGINE_SHUTDOWN_DELAY_SECONDS.to_string()),
+            ..EnvVar::default()
+        });
+    }
     env.extend(e.env.iter().cloned());
+    let termination_grace = termination_grace_seconds(e.kind, &cmd.args, &env);
     let mut volume_mounts = vec![VolumeMount {
         name: "tmp".into(),
         mount_path: "/tmp".into(),
@@ -369,25 +374,39 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
     })
 }
 
-/// The termination grace period for a pod running `args`: for a Ballast engine its
-/// shutdown delay plus drain timeout (the last value of each flag, as the engine reads
-/// them, so `spec.engine.args` may raise them) plus [`EXIT_MARGIN_SECONDS`]; for other
-/// engines, whose shutdown the operator does not configure,
+/// The termination grace period for a pod running `args` with `env`: for a Ballast
+/// engine its shutdown delay plus drain timeout, as the engine will read them (the flag in
+/// `args`, else the variable in `env`, else the default), plus [`EXIT_MARGIN_SECONDS`];
+/// for other engines, whose shutdown the operator does not configure,
 /// [`TERMINATION_GRACE_SECONDS`].
-pub fn termination_grace_seconds(kind: EngineKind, args: &[String]) -> i64 {
+pub fn termination_grace_seconds(kind: EngineKind, args: &[String], env: &[EnvVar]) -> i64 {
     if kind != EngineKind::Ballast {
         return TERMINATION_GRACE_SECONDS;
     }
-    let seconds = |flag: &str, default: u32| {
+    let seconds = |flag: &str, var: &str, default: u32| {
+        let from_env = || {
+            env.iter()
+                .rev()
+                .find(|v| v.name == var)
+                .and_then(|v| v.value.as_deref())
+        };
         last_flag_value(args, flag)
-            .and_then(|v| v.parse::<f64>().ok())
+            .or_else(from_env)
+            .and_then(|v| v.trim().parse::<f64>().ok())
             // A value the engine refuses fails the pod at start; nothing to cover then.
+            // (A variable from a Secret or ConfigMap is unknown here: the default.)
             .filter(|v| v.is_finite() && *v >= 0.0)
             .unwrap_or(f64::from(default))
     };
-    let total = seconds("--shutdown-delay", ENGINE_SHUTDOWN_DELAY_SECONDS)
-        + seconds("--drain-timeout", ENGINE_DRAIN_TIMEOUT_SECONDS)
-        + f64::from(EXIT_MARGIN_SECONDS);
+    let total = seconds(
+        "--shutdown-delay",
+        SHUTDOWN_DELAY_ENV,
+        ENGINE_SHUTDOWN_DELAY_SECONDS,
+    ) + seconds(
+        "--drain-timeout",
+        DRAIN_TIMEOUT_ENV,
+        ENGINE_DRAIN_TIMEOUT_SECONDS,
+    ) + f64::from(EXIT_MARGIN_SECONDS);
     // Kubernetes takes whole seconds in an int64; anything near that bound is absurd, and
     // the cast saturates rather than wraps.
     total.ceil() as i64
@@ -809,67 +828,72 @@ spec:
 
     #[test]
     fn ballast_pods_get_a_shutdown_delay_and_a_grace_period_that_covers_it() {
-        let args = |d: &Deployment| container(d).args.clone().unwrap();
+        let c = |d: &Deployment| container(d).clone();
         let grace = |d: &Deployment| pod(d).termination_grace_period_seconds;
-        let value = |a: &[String], flag: &str| last_flag_value(a, flag).map(str::to_string);
 
         let d = deployment(&input(&isvc("{}"))).unwrap();
-        let a = args(&d);
-        assert_eq!(
-            &a[..5],
-            ["engine", "--shutdown-delay", "5", "--drain-timeout", "600"],
-            "first, so spec.engine.args can override them"
+        assert_eq!(env_value(&c(&d), SHUTDOWN_DELAY_ENV), [Some("5")]);
+        assert!(
+            !c(&d)
+                .args
+                .unwrap()
+                .iter()
+                .any(|a| a.contains("shutdown-delay")),
+            "no flag: an older engine image would refuse it"
         );
         assert_eq!(grace(&d), Some(TERMINATION_GRACE_SECONDS));
         const { assert!(TERMINATION_GRACE_SECONDS >= 5 + 600) };
 
-        // Table: spec.engine.args, the delay and drain timeout the engine will read, and
+        // Table: spec.engine (args, env), the shutdown delay variable the pod gets, and
         // the grace period.
-        let cases: [(&str, &str, &str, i64); 5] = [
-            ("[--shutdown-delay, '10']", "10", "600", 10 + 600 + 30),
-            ("['--drain-timeout=1200']", "5", "1200", 5 + 1200 + 30),
+        let cases: [(&str, &str, i64); 7] = [
+            ("{args: [--shutdown-delay, '10']}", "5", 10 + 600 + 30),
+            ("{args: ['--drain-timeout=1200']}", "5", 5 + 1200 + 30),
             (
-                "[--drain-timeout, '0.5', --shutdown-delay, '0']",
-                "0",
-                "0.5",
+                "{args: [--drain-timeout, '0.5', --shutdown-delay, '0']}",
+                "5",
                 31,
+            ),
+            // The user's variables: theirs, once, and counted.
+            (
+                "{env: [{name: BALLAST_SHUTDOWN_DELAY, value: '20'}, {name: BALLAST_DRAIN_TIMEOUT, value: '60'}]}",
+                "20",
+                20 + 60 + 30,
+            ),
+            // The flag beats the variable, as in the engine.
+            (
+                "{args: [--drain-timeout, '100'], env: [{name: BALLAST_DRAIN_TIMEOUT, value: '900'}]}",
+                "5",
+                5 + 100 + 30,
             ),
             // A value the engine refuses fails the pod; the default period stays.
             (
-                "[--drain-timeout, soon]",
+                "{args: [--drain-timeout, soon]}",
                 "5",
-                "soon",
                 TERMINATION_GRACE_SECONDS,
             ),
             (
-                "[--drain-timeout, '-3']",
+                "{args: ['--drain-timeout=-3']}",
                 "5",
-                "-3",
                 TERMINATION_GRACE_SECONDS,
             ),
         ];
-        for (extra, delay, drain, want) in cases {
-            let d = deployment(&input(&isvc(&format!("{{args: {extra}}}")))).unwrap();
-            let a = args(&d);
+        for (engine, delay, want) in cases {
+            let d = deployment(&input(&isvc(engine))).unwrap();
             assert_eq!(
-                value(&a, "--shutdown-delay").as_deref(),
-                Some(delay),
-                "{extra}"
+                env_value(&c(&d), SHUTDOWN_DELAY_ENV),
+                [Some(delay)],
+                "{engine}"
             );
-            assert_eq!(
-                value(&a, "--drain-timeout").as_deref(),
-                Some(drain),
-                "{extra}"
-            );
-            assert_eq!(grace(&d), Some(want), "{extra}");
+            assert_eq!(grace(&d), Some(want), "{engine}");
         }
 
-        // Other engines get neither flag, and the default period.
+        // Other engines get no variable, and the default period.
         let d = deployment(&input(&isvc(
             "{kind: sglang, image: 'lmsysorg/sglang:v0.5.0'}",
         )))
         .unwrap();
-        assert!(!args(&d).iter().any(|a| a.starts_with("--shutdown-delay")));
+        assert!(env_value(&c(&d), SHUTDOWN_DELAY_ENV).is_empty());
         assert_eq!(grace(&d), Some(TERMINATION_GRACE_SECONDS));
     }
 
