@@ -750,9 +750,10 @@ fn ballast_on_a_real_cluster() {
             .to_string();
     assert_eq!(leader, op1.name);
     let logs = cp.kubectl(&["logs", "-n", OPERATOR_NS, &leader]).unwrap();
+    // `grep 'ballast::decision' | grep 'service=chat'`, as the runbook has it.
     assert!(
         logs.lines()
-            .any(|l| l.contains("ballast::decision") && l.contains("chat")),
+            .any(|l| l.contains("ballast::decision") && l.contains("service=chat")),
         "the leader's decisions in kubectl logs:\n{}",
         logs.lines().rev().take(20).collect::<Vec<_>>().join("\n")
     );

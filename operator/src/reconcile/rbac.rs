@@ -1,8 +1,8 @@
 //! Every Kubernetes API call `ballast operator` makes, as RBAC needs to grant it: the
 //! operator's declared API access. The Helm chart's ClusterRole and Role (from
 //! `charts/ballast/files/operator-rbac-rules.yaml` and `operator-lease-rules.yaml`) must
-//! grant exactly this list; a test in `charts/render` fails on anything missing or extra.
-//! Change this list in the same commit as the call that needs it.
+//! grant exactly this list; `charts/helm/tests/rbac.rs` fails on anything missing or
+//! extra. Change this list in the same commit as the call that needs it.
 //!
 //! Where each verb comes from:
 //! - `run.rs`: the Controller lists and watches InferenceServices and the Deployments
