@@ -1,65 +1,18 @@
 //! `ballast engine` and `ballast bench` as real processes: exit codes, SIGTERM drain, and a
 //! bench run against a live engine.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::engine::{Log, client, spawn_engine as spawn, wait_exit};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-struct Engine {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn ballast() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ballast"))
-}
-
-/// Starts an engine on a free port and waits for its "listening on" line.
-fn spawn_engine(args: &[&str]) -> Engine {
-    let mut child = ballast()
-        .args(["engine", "--port", "0"])
-        .args(args)
-        .env("BALLAST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn ballast");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("ballast engine listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    Engine { child, base }
-}
-
-fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "process did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
 }
 
 #[test]
@@ -91,7 +44,7 @@ fn bad_flags_exit_2_and_name_the_flag() {
 
 #[test]
 fn port_in_use_is_a_runtime_failure() {
-    let first = spawn_engine(&[]);
+    let first = spawn(&[], Log::Inherit);
     let port = first.base.rsplit(':').next().unwrap();
     let out = ballast().args(["engine", "--port", port]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -100,7 +53,10 @@ fn port_in_use_is_a_runtime_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_then_exits_zero() {
-    let mut engine = spawn_engine(&["--model", "synthetic:small", "--max-model-len", "1024"]);
+    let mut engine = spawn(
+        &["--model", "synthetic:small", "--max-model-len", "1024"],
+        Log::Inherit,
+    );
     let c = client();
     let body = json!({
         "prompt": "finish me", "max_tokens": 300, "ignore_eos": true,
@@ -164,7 +120,7 @@ async fn sigterm_drains_in_flight_requests_then_exits_zero() {
 
 #[test]
 fn bench_against_a_live_engine_reports_every_request() {
-    let engine = spawn_engine(&[]);
+    let engine = spawn(&[], Log::Inherit);
     let dir = std::env::temp_dir().join(format!("ballast-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json_path = dir.join("report.json");
@@ -254,14 +210,17 @@ async fn grpc_control_port_is_announced_and_serves() {
 /// finishing and the next starting).
 #[test]
 fn deferred_waiting_is_never_reported_as_capacity() {
-    let engine = spawn_engine(&[
-        "--max-running-per-tenant",
-        "1",
-        "--max-num-seqs",
-        "32",
-        "--max-model-len",
-        "256",
-    ]);
+    let engine = spawn(
+        &[
+            "--max-running-per-tenant",
+            "1",
+            "--max-num-seqs",
+            "32",
+            "--max-model-len",
+            "256",
+        ],
+        Log::Inherit,
+    );
     let load = ballast()
         .args(["bench", "--url", &engine.base, "--concurrency", "12"])
         .args(["--duration", "6", "--tenants", "1"])

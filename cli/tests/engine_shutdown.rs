@@ -2,75 +2,14 @@
 //! loopback during the delay and after it, the in-flight stream, the exit code and the log
 //! of each phase.
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::engine::{Log, client, spawn_engine as spawn, wait_exit};
 use futures::StreamExt;
 use serde_json::{Value, json};
-
-/// The engine process, killed on drop; its stderr (the log) collected as it comes.
-struct Engine {
-    child: Child,
-    base: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_engine(args: &[&str]) -> Engine {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-        .args(["engine", "--port", "0"])
-        .args(args)
-        .env("BALLAST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ballast");
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut stderr = child.stderr.take().unwrap();
-    let sink = log.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n @ 1..) = stderr.read(&mut buf) {
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("ballast engine listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    Engine { child, base, log }
-}
-
-fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "process did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
-}
 
 fn closes(r: &reqwest::Response) -> bool {
     r.headers()
@@ -81,14 +20,17 @@ fn closes(r: &reqwest::Response) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_keeps_serving_for_the_shutdown_delay_then_drains_and_exits_zero() {
     let delay = Duration::from_secs(3);
-    let mut engine = spawn_engine(&[
-        "--model",
-        "synthetic:small",
-        "--max-model-len",
-        "1024",
-        "--shutdown-delay",
-        "3",
-    ]);
+    let mut engine = spawn(
+        &[
+            "--model",
+            "synthetic:small",
+            "--max-model-len",
+            "1024",
+            "--shutdown-delay",
+            "3",
+        ],
+        Log::Capture,
+    );
     let c = client();
     let url = |path: &str| format!("{}{path}", engine.base);
     let short = json!({"prompt": "short", "max_tokens": 2});

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ballast_e2e::image;
+use ballast_e2e::process::run;
 
 /// The tag of the image under test; removed at the end.
 const TAG: &str = "localhost/ballast:image-test";
@@ -36,19 +37,6 @@ fn can_build() -> bool {
             eprintln!("skipping the image test: {why}");
             false
         }
-    }
-}
-
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{cmd:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
     }
 }
 

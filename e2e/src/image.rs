@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use crate::process::{run, which};
+
 /// The runtime base [`runtime_base`] makes, in buildah's local store.
 pub const RUNTIME_BASE: &str = "localhost/ballast-runtime-base:bookworm";
 
@@ -635,26 +637,6 @@ pub fn remove(reference: &str) -> Result<(), String> {
         return Ok(());
     }
     run(Command::new("buildah").args(["rmi", reference])).map(|_| ())
-}
-
-/// The path of `cmd` on the PATH, if it is there.
-fn which(cmd: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(cmd))
-        .find(|p| p.is_file())
-}
-
-/// Runs `cmd` to completion: its stdout, or the command and its stderr as the error.
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
 }
 
 /// A directory under the system temporary directory, removed when dropped.

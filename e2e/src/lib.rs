@@ -14,6 +14,7 @@
 pub mod cluster;
 pub mod image;
 pub mod node;
+pub mod process;
 
 use std::path::Path;
 

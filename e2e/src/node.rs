@@ -22,9 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::cluster::{
-    CLIENT_EXT, ControlPlane, free_port, issue, kubeconfig, run, spawn_logged, stop_child,
-};
+use crate::cluster::{CLIENT_EXT, ControlPlane, issue, kubeconfig};
+use crate::process::{free_port, run, spawn_logged, stop_child};
 
 /// The node's name.
 pub const NODE_NAME: &str = "e2e-node";

@@ -1,7 +1,10 @@
 //! Helpers shared by the tests that run the `ballast` binary.
 
+#![allow(dead_code)]
+
 use std::process::Command;
 
+pub mod engine;
 pub mod local;
 
 /// `GET url` with curl (5 s limit): the body of any HTTP answer, `None` when none came.
