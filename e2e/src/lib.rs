@@ -5,7 +5,8 @@
 //! - [`node`]: the pod network (a bridge), containerd with runc, the kubelet and
 //!   kube-proxy: a real node that runs pods from OCI images;
 //! - [`image`]: the project's image built from its Dockerfile with buildah, on a runtime
-//!   base assembled from Debian packages.
+//!   base assembled from Debian packages;
+//! - [`process`]: finding, running, starting and stopping the programs all of it is made of.
 //!
 //! [`Cluster::start`] starts all of it. Nothing listens beyond loopback and the bridge,
 //! and nothing is sent beyond this machine: pod and Service addresses exist only inside
