@@ -1,17 +1,25 @@
 //! Quantized weight matrices and the CPU kernels that multiply by them without expanding
 //! them to f32.
 //!
-//! Weights stay in the blocks the model file stores (Q8_0, Q4_0, Q4_1: 32 elements per
-//! block, an f16 scale, for Q4_1 an f16 minimum) and are read in place from the memory map.
-//! Activations are quantized per call to 8-bit blocks of the same length, each with an f32
-//! scale `d` and the scaled sum `s = d · Σq`, so every block product is an integer dot:
+//! Weights stay in the blocks the model file stores and are read in place from the memory
+//! map: Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 (32 elements per block, an f16 scale, for Q4_1/Q5_1
+//! an f16 minimum) and the k-quants Q4_K, Q5_K and Q6_K (256 elements per super-block, whose
+//! sub-blocks of 32 or 16 carry small integer scales and minima under f16 super-block ones).
+//! Activations are quantized per call to 8-bit blocks of 32, each with an f32 scale `d` and
+//! the scaled sum `s = d · Σq`, so every block product is an integer dot:
 //!
 //! - Q8_0: `Σ (dw·w)(dx·x) = dw·dx · Σ w·x`
-//! - Q4_1: `Σ (dw·w + m)(dx·x) = dw·dx · Σ w·x + m·s`
-//! - Q4_0: Q4_1 with `m = −8·dw` (its nibbles are stored offset by 8)
+//! - Q4_1, Q5_1: `Σ (dw·w + m)(dx·x) = dw·dx · Σ w·x + m·s`
+//! - Q4_0, Q5_0: Q4_1 with `m = −8·dw` (`−16·dw`: their quants are stored offset by 8, 16)
+//! - Q4_K, Q5_K: sub-block `j` of 32 is `(d·scⱼ)·q − dmin·mⱼ`, so the same with
+//!   `dw = d·scⱼ` and `m = −dmin·mⱼ`: one activation block meets one sub-block
+//! - Q6_K: `d·sc·(q − 32)` with a scale per 16; the integer sums of the two halves of an
+//!   activation block are weighted by their scales before the block's one f32 multiply
 //!
-//! A decode step therefore streams 4.5 (Q4_1: 5) bits per weight instead of 32. The AVX2
-//! kernels are chosen at run time; the portable ones are the reference tests compare them to.
+//! A decode step therefore streams the file's 4.5–6.6 bits per weight instead of 32. The SIMD
+//! kernels are chosen at run time; the portable ones are the reference tests compare them to,
+//! and [`sub_block`] (checked against the GGUF reader's dequantization) defines what every
+//! kernel computes.
 
 use std::sync::Arc;
 
@@ -23,8 +31,11 @@ mod panel;
 use panel::Panels;
 pub use panel::available as panel_kernel_available;
 
-/// Elements per quantization block.
+/// Elements per activation block, and per block of the 32-element weight formats.
 pub const BLOCK: usize = 32;
+
+/// Elements per k-quant super-block.
+pub const SUPER_BLOCK: usize = 256;
 
 /// A block format the kernels multiply directly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,21 +47,195 @@ pub enum QuantFormat {
     Q4_0,
     /// f16 scale + f16 minimum + 32 × 4-bit.
     Q4_1,
+    /// f16 scale + 32 × 5-bit (fifth bits in one u32), offset by 16.
+    Q5_0,
+    /// f16 scale + f16 minimum + 32 × 5-bit.
+    Q5_1,
+    /// 256 × 4-bit: f16 scale and minimum, 6-bit scale and minimum per 32.
+    Q4_K,
+    /// 256 × 5-bit: as Q4_K, with 32 bytes of fifth bits.
+    Q5_K,
+    /// 256 × 6-bit, offset by 32: f16 scale, i8 scale per 16.
+    Q6_K,
 }
 
 impl QuantFormat {
-    /// Bytes of one block.
+    /// Every format, in the order messages list them.
+    pub const ALL: [QuantFormat; 8] = [
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+        QuantFormat::Q6_K,
+    ];
+
+    /// Bytes of one block (a super-block for the k-quants).
     pub const fn block_bytes(self) -> usize {
         match self {
             QuantFormat::Q8_0 => 34,
             QuantFormat::Q4_0 => 18,
             QuantFormat::Q4_1 => 20,
+            QuantFormat::Q5_0 => 22,
+            QuantFormat::Q5_1 => 24,
+            QuantFormat::Q4_K => 144,
+            QuantFormat::Q5_K => 176,
+            QuantFormat::Q6_K => 210,
         }
+    }
+
+    /// Elements of one block: [`BLOCK`], or [`SUPER_BLOCK`] for the k-quants.
+    pub const fn block_elems(self) -> usize {
+        if self.is_k() { SUPER_BLOCK } else { BLOCK }
+    }
+
+    /// Whether this is a k-quant (256-element super-blocks).
+    pub const fn is_k(self) -> bool {
+        matches!(
+            self,
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K
+        )
     }
 
     /// Bits stored per weight, scales included.
     pub fn bits_per_weight(self) -> f64 {
-        self.block_bytes() as f64 * 8.0 / BLOCK as f64
+        self.block_bytes() as f64 * 8.0 / self.block_elems() as f64
+    }
+
+    /// ggml's name of the format.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantFormat::Q8_0 => "Q8_0",
+            QuantFormat::Q4_0 => "Q4_0",
+            QuantFormat::Q4_1 => "Q4_1",
+            QuantFormat::Q5_0 => "Q5_0",
+            QuantFormat::Q5_1 => "Q5_1",
+            QuantFormat::Q4_K => "Q4_K",
+            QuantFormat::Q5_K => "Q5_K",
+            QuantFormat::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Whether the row-layout SIMD kernels of the parent module's first generation (one
+    /// 32-element block with its f16 scale at its start) serve it.
+    const fn is_legacy(self) -> bool {
+        matches!(
+            self,
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q4_1
+        )
+    }
+}
+
+/// One 32-element sub-block of a weight row, in the form every kernel computes with: element
+/// `i` is `d · sc[i / 16] · (q[i] − offset) + min`, with `q` unsigned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SubBlock {
+    /// The unsigned quants, in element order.
+    pub q: [u8; BLOCK],
+    /// f32 scale (the block's, or the super-block's f16 `d`).
+    pub d: f32,
+    /// Integer scale of each half of 16 (1 for the 32-element formats; the 6-bit sub-block
+    /// scale twice for Q4_K/Q5_K; Q6_K's two i8 scales).
+    pub sc: [i32; 2],
+    /// What the stored quants are offset by (Q8_0 128, Q4_0 8, Q5_0 16, Q6_K 32, else 0).
+    pub offset: i32,
+    /// Added to every element (Q4_1/Q5_1's minimum, `−dmin · m` for Q4_K/Q5_K, else −0).
+    pub min: f32,
+}
+
+impl SubBlock {
+    /// Element `i` as f32, rounded exactly as the GGUF reader's dequantization rounds it.
+    pub fn value(&self, i: usize) -> f32 {
+        // `d · 1` is exact, so the 32-element formats round as `d · q + m`.
+        let q = (i32::from(self.q[i]) - self.offset) as f32;
+        self.d * self.sc[i / 16] as f32 * q + self.min
+    }
+}
+
+/// The `min` of formats without one: adding −0 changes no value, not even the sign of a zero.
+const NO_MIN: f32 = -0.0;
+
+/// Sub-block `k` (elements `32k..32k + 32`) of a row of `format` blocks: the reference of what
+/// every kernel computes, checked against the GGUF reader's dequantization.
+pub fn sub_block(format: QuantFormat, row: &[u8], k: usize) -> SubBlock {
+    let f16 = |b: &[u8], at: usize| f16_at(b, at);
+    let nibbles = |qs: &[u8]| -> [u8; BLOCK] {
+        std::array::from_fn(|i| {
+            if i < 16 {
+                qs[i] & 0x0f
+            } else {
+                qs[i - 16] >> 4
+            }
+        })
+    };
+    let with_high = |mut q: [u8; BLOCK], qh: u32| {
+        for (i, q) in q.iter_mut().enumerate() {
+            *q |= (((qh >> i) & 1) as u8) << 4;
+        }
+        q
+    };
+    let plain = |q, d, offset, min| SubBlock {
+        q,
+        d,
+        sc: [1, 1],
+        offset,
+        min,
+    };
+    if !format.is_k() {
+        let b = &row[k * format.block_bytes()..(k + 1) * format.block_bytes()];
+        let d = f16(b, 0);
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        return match format {
+            QuantFormat::Q8_0 => plain(std::array::from_fn(|i| b[2 + i] ^ 0x80), d, 128, NO_MIN),
+            QuantFormat::Q4_0 => plain(nibbles(&b[2..]), d, 8, NO_MIN),
+            QuantFormat::Q4_1 => plain(nibbles(&b[4..]), d, 0, f16(b, 2)),
+            QuantFormat::Q5_0 => plain(with_high(nibbles(&b[6..]), u32_at(2)), d, 16, NO_MIN),
+            QuantFormat::Q5_1 => plain(with_high(nibbles(&b[8..]), u32_at(4)), d, 0, f16(b, 2)),
+            _ => unreachable!("k-quants below"),
+        };
+    }
+    let sb = &row[(k / 8) * format.block_bytes()..(k / 8 + 1) * format.block_bytes()];
+    let j = k % 8;
+    match format {
+        QuantFormat::Q4_K | QuantFormat::Q5_K => {
+            let (d, dmin) = (f16(sb, 0), f16(sb, 2));
+            let (sc, m) = crate::model::gguf::k_scale_min(&sb[4..16], j);
+            let (qh, qs) = match format {
+                QuantFormat::Q5_K => (Some(&sb[16..48]), &sb[48..176]),
+                _ => (None, &sb[16..144]),
+            };
+            let q = std::array::from_fn(|l| {
+                let byte = qs[32 * (j / 2) + l];
+                let low = if j % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                low | qh.map_or(0, |qh| ((qh[l] >> j) & 1) << 4)
+            });
+            SubBlock {
+                q,
+                d,
+                sc: [i32::from(sc); 2],
+                offset: 0,
+                min: -(dmin * f32::from(m)),
+            }
+        }
+        QuantFormat::Q6_K => {
+            let (ql, qh, sc) = (&sb[..128], &sb[128..192], &sb[192..208]);
+            let (n, t) = (j / 4, j % 4);
+            let q = std::array::from_fn(|l| {
+                let byte = ql[64 * n + 32 * (t % 2) + l];
+                let low = if t < 2 { byte & 0x0f } else { byte >> 4 };
+                low | ((qh[32 * n + l] >> (2 * t)) & 3) << 4
+            });
+            SubBlock {
+                q,
+                d: f16(sb, 208),
+                sc: [i32::from(sc[2 * j] as i8), i32::from(sc[2 * j + 1] as i8)],
+                offset: 32,
+                min: NO_MIN,
+            }
+        }
+        _ => unreachable!("32-element formats above"),
     }
 }
 
@@ -120,7 +305,7 @@ enum Storage {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantShapeError {
     /// Rows must be whole blocks.
-    #[error("a {format:?} row must be a multiple of {BLOCK} elements, not {cols}")]
+    #[error("a {format:?} row must be a multiple of {} elements, not {cols}", format.block_elems())]
     PartialBlock {
         /// Format.
         format: QuantFormat,
@@ -151,10 +336,10 @@ impl QuantMatrix {
         cols: usize,
         bytes: SharedBytes,
     ) -> Result<Self, QuantShapeError> {
-        if !cols.is_multiple_of(BLOCK) {
+        if !cols.is_multiple_of(format.block_elems()) {
             return Err(QuantShapeError::PartialBlock { format, cols });
         }
-        let want = rows * (cols / BLOCK) * format.block_bytes();
+        let want = rows * (cols / format.block_elems()) * format.block_bytes();
         if bytes.len != want {
             return Err(QuantShapeError::Length {
                 format,
@@ -177,6 +362,7 @@ impl QuantMatrix {
     /// blocks. A panel matrix is returned as it is.
     pub fn to_panels(&self) -> Self {
         match &self.storage {
+            Storage::Rows(_) if !self.format.is_legacy() => self.clone(),
             Storage::Rows(bytes) => Self {
                 storage: Storage::Panels(Arc::new(Panels::pack(self, bytes.as_slice()))),
                 ..self.clone()
@@ -200,18 +386,32 @@ impl QuantMatrix {
         matches!(self.storage, Storage::Panels(_))
     }
 
-    /// Quantizes a row-major `[rows, cols]` f32 matrix the way ggml's reference quantizers
-    /// do (for tests and benchmarks; model files arrive quantized).
+    /// Quantizes a row-major `[rows, cols]` f32 matrix (for tests and benchmarks; model files
+    /// arrive quantized): Q8_0, Q4_0 and Q4_1 the way ggml's reference quantizers do, the other
+    /// formats by a plain min/max rule (ggml searches for better scales; a valid block either
+    /// way).
     ///
     /// # Panics
-    /// If `cols` is not a multiple of [`BLOCK`] or `data` is not `rows * cols` long.
+    /// If `cols` is not a multiple of the format's block or `data` is not `rows * cols` long.
     pub fn quantize(format: QuantFormat, rows: usize, cols: usize, data: &[f32]) -> Self {
         assert_eq!(
             data.len(),
             rows * cols,
             "quantize: data does not match shape"
         );
-        let mut bytes = Vec::with_capacity(rows * cols / BLOCK * format.block_bytes());
+        assert!(
+            cols.is_multiple_of(format.block_elems()),
+            "quantize: partial block"
+        );
+        let mut bytes =
+            Vec::with_capacity(rows * cols / format.block_elems() * format.block_bytes());
+        if !format.is_legacy() {
+            for block in data.chunks_exact(format.block_elems()) {
+                quantize_block_plain(format, block, &mut bytes);
+            }
+            return Self::new(format, rows, cols, SharedBytes::from_vec(bytes))
+                .expect("quantize: shape");
+        }
         let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
         for block in data.chunks_exact(BLOCK) {
             match format {
@@ -234,7 +434,7 @@ impl QuantMatrix {
                     bytes
                         .extend((0..BLOCK / 2).map(|j| q(block[j]) | q(block[j + BLOCK / 2]) << 4));
                 }
-                QuantFormat::Q4_1 => {
+                _ => {
                     let min = block.iter().copied().fold(f32::INFINITY, f32::min);
                     let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let d = (max - min) / 15.0;
@@ -252,7 +452,7 @@ impl QuantMatrix {
 
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
-        self.cols / BLOCK * self.format.block_bytes()
+        self.cols / self.format.block_elems() * self.format.block_bytes()
     }
 
     /// The stored bytes, in whichever layout they are.
@@ -271,11 +471,145 @@ impl QuantMatrix {
         };
         let rb = self.row_bytes();
         let row = &rows[r * rb..(r + 1) * rb];
+        if !self.format.is_legacy() {
+            for (k, y) in out[..self.cols].chunks_exact_mut(BLOCK).enumerate() {
+                let sub = sub_block(self.format, row, k);
+                for (i, y) in y.iter_mut().enumerate() {
+                    *y = sub.value(i);
+                }
+            }
+            return;
+        }
         for (block, y) in row
             .chunks_exact(self.format.block_bytes())
             .zip(out.chunks_exact_mut(BLOCK))
         {
             dequantize_block(self.format, block, y);
+        }
+    }
+}
+
+/// One block of a format other than Q8_0/Q4_0/Q4_1 by min/max rules, appended to `out`.
+fn quantize_block_plain(format: QuantFormat, v: &[f32], out: &mut Vec<u8>) {
+    let f16 = |x: f32| half::f16::from_f32(x);
+    let inv = |d: f32| if d != 0.0 { 1.0 / d } else { 0.0 };
+    let min_max = |v: &[f32]| {
+        v.iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                (a.min(x), b.max(x))
+            })
+    };
+    // The value of largest magnitude, keeping its sign.
+    let extreme = |v: &[f32]| {
+        v.iter()
+            .fold(0.0f32, |m, &x| if x.abs() > m.abs() { x } else { m })
+    };
+    let pack5 = |q: &[u8; BLOCK], out: &mut Vec<u8>| {
+        let qh = q
+            .iter()
+            .enumerate()
+            .fold(0u32, |h, (i, &q)| h | u32::from(q >> 4) << i);
+        out.extend(qh.to_le_bytes());
+        out.extend((0..16).map(|i| (q[i] & 0x0f) | (q[i + 16] & 0x0f) << 4));
+    };
+    match format {
+        QuantFormat::Q5_0 => {
+            let d = f16(extreme(v) / -16.0);
+            let id = inv(d.to_f32());
+            let q = std::array::from_fn(|i| ((v[i] * id + 16.5) as i32).clamp(0, 31) as u8);
+            out.extend(d.to_le_bytes());
+            pack5(&q, out);
+        }
+        QuantFormat::Q5_1 => {
+            let (lo, hi) = min_max(v);
+            let (d, m) = (f16((hi - lo) / 31.0), f16(lo));
+            let id = inv(d.to_f32());
+            let q = std::array::from_fn(|i| {
+                (((v[i] - m.to_f32()) * id + 0.5) as i32).clamp(0, 31) as u8
+            });
+            out.extend(d.to_le_bytes());
+            out.extend(m.to_le_bytes());
+            pack5(&q, out);
+        }
+        QuantFormat::Q4_K | QuantFormat::Q5_K => {
+            let top = if format == QuantFormat::Q4_K {
+                15.0
+            } else {
+                31.0
+            };
+            // Per sub-block: a scale over [min(0, lo), hi] and the minimum's magnitude.
+            let (scales, mins): (Vec<f32>, Vec<f32>) = v
+                .chunks_exact(BLOCK)
+                .map(|s| {
+                    let (lo, hi) = min_max(s);
+                    let lo = lo.min(0.0);
+                    ((hi - lo) / top, -lo)
+                })
+                .unzip();
+            let d = f16(scales.iter().fold(0.0f32, |a, &b| a.max(b)) / 63.0);
+            let dmin = f16(mins.iter().fold(0.0f32, |a, &b| a.max(b)) / 63.0);
+            let q6 = |x: f32, d: f32| ((x * inv(d)).round() as i32).clamp(0, 63) as u8;
+            let sc: Vec<u8> = scales.iter().map(|&s| q6(s, d.to_f32())).collect();
+            let m: Vec<u8> = mins.iter().map(|&x| q6(x, dmin.to_f32())).collect();
+            out.extend(d.to_le_bytes());
+            out.extend(dmin.to_le_bytes());
+            for i in 0..4 {
+                out.push((sc[i] & 63) | (sc[i + 4] >> 4) << 6);
+            }
+            for i in 0..4 {
+                out.push((m[i] & 63) | (m[i + 4] >> 4) << 6);
+            }
+            for i in 0..4 {
+                out.push((sc[i + 4] & 15) | (m[i + 4] & 15) << 4);
+            }
+            let q: Vec<u8> = v
+                .iter()
+                .enumerate()
+                .map(|(e, &x)| {
+                    let j = e / BLOCK;
+                    let step = d.to_f32() * f32::from(sc[j]);
+                    let x = x + dmin.to_f32() * f32::from(m[j]);
+                    ((x * inv(step)).round() as i32).clamp(0, top as i32) as u8
+                })
+                .collect();
+            if format == QuantFormat::Q5_K {
+                out.extend((0..32).map(|l| (0..8).fold(0u8, |h, j| h | (q[32 * j + l] >> 4) << j)));
+            }
+            for pair in 0..4 {
+                out.extend(
+                    (0..32)
+                        .map(|l| (q[64 * pair + l] & 0x0f) | (q[64 * pair + 32 + l] & 0x0f) << 4),
+                );
+            }
+        }
+        QuantFormat::Q6_K => {
+            let scales: Vec<f32> = v.chunks_exact(16).map(|s| extreme(s) / -32.0).collect();
+            let d = f16(scales.iter().fold(0.0f32, |a, &b| a.max(b.abs())) / 127.0);
+            let sc: Vec<i8> = scales
+                .iter()
+                .map(|&s| ((s * inv(d.to_f32())).round() as i32).clamp(-128, 127) as i8)
+                .collect();
+            let q: Vec<u8> = v
+                .iter()
+                .enumerate()
+                .map(|(e, &x)| {
+                    let step = d.to_f32() * f32::from(sc[e / 16]);
+                    ((x * inv(step)).round() as i32 + 32).clamp(0, 63) as u8
+                })
+                .collect();
+            let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+            for (e, &q) in q.iter().enumerate() {
+                let (n, t, l) = (e / 128, (e % 128) / 32, e % 32);
+                ql[64 * n + 32 * (t % 2) + l] |= (q & 0x0f) << (4 * (t / 2));
+                qh[32 * n + l] |= (q >> 4) << (2 * t);
+            }
+            out.extend(ql);
+            out.extend(qh);
+            out.extend(sc.iter().map(|&s| s as u8));
+            out.extend(d.to_le_bytes());
+        }
+        QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+            unreachable!("quantized by QuantMatrix::quantize")
         }
     }
 }
@@ -302,6 +636,7 @@ fn dequantize_block(format: QuantFormat, block: &[u8], y: &mut [f32]) {
                 y[j + BLOCK / 2] = d * f32::from(q >> 4) + m;
             }
         }
+        _ => unreachable!("the other formats dequantize through sub_block"),
     }
 }
 
@@ -445,6 +780,9 @@ fn dots_generic(
     out: &mut [f32],
 ) {
     let nb = x.blocks_per_row();
+    if !format.is_legacy() {
+        return dots_sub_blocks(format, w, x, rows, out);
+    }
     let bb = format.block_bytes();
     for (o, r) in out.iter_mut().zip(rows) {
         let mut acc = 0.0f32;
@@ -462,7 +800,7 @@ fn dots_generic(
                         .sum();
                     dw * x.d[xi] * dot as f32
                 }
-                QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                _ => {
                     let (qs, m) = match format {
                         QuantFormat::Q4_1 => (&block[4..], f16_at(block, 2)),
                         _ => (&block[2..], -8.0 * dw),
@@ -477,6 +815,40 @@ fn dots_generic(
             };
         }
         *o = acc;
+    }
+}
+
+/// [`dots_generic`] for any format through [`sub_block`]: per activation block, the integer
+/// sums of each half of 16 with the offset taken out, weighted by the halves' integer scales,
+/// then one multiply by `d · dx` and the minimum term `min · s`.
+fn dots_sub_blocks(
+    format: QuantFormat,
+    w: &[u8],
+    x: &Q8Rows,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let nb = x.blocks_per_row();
+    let n = rows.len();
+    out[..n].fill(0.0);
+    for b in 0..nb {
+        let sub = sub_block(format, w, b);
+        for (o, r) in out[..n].iter_mut().zip(rows.clone()) {
+            let xi = r * nb + b;
+            let xq = &x.qs[xi * BLOCK..(xi + 1) * BLOCK];
+            let half = |h: usize| -> i32 {
+                let (q, xs) = (&sub.q[16 * h..16 * h + 16], &xq[16 * h..16 * h + 16]);
+                let dot: i32 = q
+                    .iter()
+                    .zip(xs)
+                    .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                    .sum();
+                let sum: i32 = xs.iter().map(|&x| i32::from(x)).sum();
+                dot - sub.offset * sum
+            };
+            let dot = sub.sc[0] * half(0) + sub.sc[1] * half(1);
+            *o += sub.d * x.d[xi] * dot as f32 + sub.min * x.s[xi];
+        }
     }
 }
 
@@ -566,6 +938,7 @@ macro_rules! int8_kernels {
                         (QuantFormat::Q4_0, 2) => k.sweep::<2, 2, Q4_0>(rows, out),
                         (QuantFormat::Q4_0, 3) => k.sweep::<2, 3, Q4_0>(rows, out),
                         (QuantFormat::Q4_0, _) => k.sweep::<1, 4, Q4_0>(rows, out),
+                        _ => unreachable!("the other formats have kernels of their own"),
                     }
                 }
             }
@@ -1027,6 +1400,11 @@ fn int8_matmuls(act: &Q8Rows, jobs: &[(&QuantMatrix, OutPtr)], simd: Simd) {
         while r0 < m {
             let rows = ROW_TILE.min(m - r0);
             let tile = &mut tile[..rows * len];
+            let simd = if w.format.is_legacy() {
+                simd
+            } else {
+                Simd::Portable
+            };
             match simd {
                 // SAFETY (both): detect_simd picked the kernel only if the CPU has its
                 // features; `bytes` holds whole rows of `rb` bytes; rows r0..r0+rows exist.
@@ -1074,6 +1452,9 @@ mod tests {
         cols: usize,
         rng: &mut SplitMix64,
     ) -> QuantMatrix {
+        if !format.is_legacy() {
+            return random_blocks_matrix(format, rows, cols, rng);
+        }
         let blocks = rows * cols / BLOCK;
         let mut bytes = Vec::with_capacity(blocks * format.block_bytes());
         for _ in 0..blocks {
@@ -1083,13 +1464,46 @@ mod tests {
                 QuantFormat::Q8_0 => {
                     bytes.extend((0..32).map(|_| (rng.next_u64() & 0xff) as u8));
                 }
-                QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                _ => {
                     if format == QuantFormat::Q4_1 {
                         let m = half::f16::from_f32(rng.next_f32() * 0.2 - 0.1);
                         bytes.extend_from_slice(&m.to_le_bytes());
                     }
                     bytes.extend((0..16).map(|_| (rng.next_u64() & 0xff) as u8));
                 }
+            }
+        }
+        QuantMatrix::new(format, rows, cols, SharedBytes::from_vec(bytes)).unwrap()
+    }
+
+    /// Random bytes as `format` blocks, with small positive f16 scales (and minima of either
+    /// sign) where the format keeps them, so every quant and sub-block scale pattern occurs.
+    fn random_blocks_matrix(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        rng: &mut SplitMix64,
+    ) -> QuantMatrix {
+        let blocks = rows * cols / format.block_elems();
+        let bb = format.block_bytes();
+        let mut bytes: Vec<u8> = (0..blocks * bb).map(|_| rng.next_u64() as u8).collect();
+        let f16s: &[(usize, bool)] = match format {
+            QuantFormat::Q5_0 => &[(0, false)],
+            QuantFormat::Q5_1 => &[(0, false), (2, true)],
+            QuantFormat::Q4_K | QuantFormat::Q5_K => &[(0, false), (2, false)],
+            QuantFormat::Q6_K => &[(208, false)],
+            _ => &[(0, false)],
+        };
+        for b in bytes.chunks_exact_mut(bb) {
+            for &(at, signed) in f16s {
+                let mut v = rng.next_f32() * 0.02 + 0.0005;
+                if format.is_k() {
+                    v /= 16.0; // times sub-block scales up to 63 (Q6_K: ±128)
+                }
+                if signed {
+                    v = (rng.next_f32() - 0.5) * 0.2;
+                }
+                b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
             }
         }
         QuantMatrix::new(format, rows, cols, SharedBytes::from_vec(bytes)).unwrap()
@@ -1130,6 +1544,124 @@ mod tests {
     }
 
     const FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
+
+    /// Formats added with the k-quants, whose kernels read them through other code paths.
+    const NEW_FORMATS: [QuantFormat; 5] = [
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+        QuantFormat::Q6_K,
+    ];
+
+    /// Every kernel for the formats added with the k-quants (portable rows, SIMD rows, panels
+    /// portable and SIMD), against the f32 product with their dequantized values (within what
+    /// rounding the activations allows) and against each other (the same integer sums, summed
+    /// in another order): widths from one super-block to SmolLM2's 1,536, row counts through
+    /// every tile shape, 37 weight rows (panels and a padded one).
+    #[test]
+    fn new_formats_every_kernel_matches_the_dequantized_product() {
+        let mut rng = SplitMix64::new(77);
+        for format in NEW_FORMATS {
+            for k in [256, 512, 1536] {
+                let w = random_matrix(format, 37, k, &mut rng);
+                let p = w.to_panels();
+                for m in [1, 2, 3, 4, 5, 7, 8, 9, 17, 30] {
+                    let x = random_x(m, k, &mut rng);
+                    let (exact, bound) = dequantized_product(&x, &w);
+                    let portable = matmul(&x, &w, QuantKernel::Portable);
+                    let others = [
+                        ("int8 rows", matmul(&x, &w, QuantKernel::Int8)),
+                        ("auto rows", matmul(&x, &w, QuantKernel::Auto)),
+                        ("portable panels", matmul(&x, &p, QuantKernel::Portable)),
+                        ("auto panels", matmul(&x, &p, QuantKernel::Auto)),
+                    ];
+                    for (i, (e, b)) in exact.iter().zip(&bound).enumerate() {
+                        let pv = portable.data[i];
+                        assert!(
+                            (e - pv).abs() <= *b,
+                            "{format:?} k={k} m={m} [{i}]: portable {pv} vs exact {e}"
+                        );
+                        for (name, o) in &others {
+                            let ov = o.data[i];
+                            // The GEMM path multiplies the dequantized weights by x itself.
+                            let gemm = m >= GEMM_ROWS
+                                && (*name == "auto rows"
+                                    || (*name == "auto panels" && !p.is_panels()));
+                            let tol = if gemm {
+                                1e-3 * (1.0 + e.abs())
+                            } else {
+                                1e-4 * (1.0 + pv.abs())
+                            };
+                            let want = if gemm { *e } else { pv };
+                            assert!(
+                                (ov - want).abs() <= tol,
+                                "{format:?} k={k} m={m} [{i}]: {name} {ov} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sub_blocks_dequantize_as_the_gguf_reader_does() {
+        use crate::model::gguf::{GgmlType, dequantize};
+        let mut rng = SplitMix64::new(8);
+        for format in QuantFormat::ALL {
+            let dtype = crate::model::gguf::quant_format_type(format);
+            assert_eq!(dtype.name(), format.name());
+            let w = random_matrix(format, 3, 512, &mut rng);
+            let mut want = vec![0.0; 3 * 512];
+            dequantize(dtype, w.bytes(), &mut want).unwrap();
+            let mut row = vec![0.0; 512];
+            for r in 0..3 {
+                let rb = w.row_bytes();
+                for k in 0..512 / BLOCK {
+                    let sub = sub_block(format, &w.bytes()[r * rb..(r + 1) * rb], k);
+                    for i in 0..BLOCK {
+                        let (a, b) = (sub.value(i), want[r * 512 + k * BLOCK + i]);
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{format:?} row {r} [{k}·32+{i}]: {a} vs {b}, {sub:?}"
+                        );
+                    }
+                }
+                if !format.is_legacy() {
+                    w.dequantize_row(r, &mut row);
+                    assert_eq!(row, want[r * 512..(r + 1) * 512], "{format:?} row {r}");
+                }
+            }
+            let _ = GgmlType::F32;
+        }
+    }
+
+    #[test]
+    fn plain_quantizers_round_trip_within_a_step() {
+        let mut rng = SplitMix64::new(19);
+        for format in NEW_FORMATS {
+            let x = random_x(2, 512, &mut rng);
+            let q = QuantMatrix::quantize(format, 2, 512, &x.data);
+            let mut row = vec![0.0; 512];
+            for r in 0..2 {
+                q.dequantize_row(r, &mut row);
+                let span = x.row(r).iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                // Values in ±2: a 4-bit grid over a sub-block's range (4 wide) steps 0.27;
+                // sub-block scales rounded to 6 bits add a little.
+                let allowed = match format {
+                    QuantFormat::Q4_K => 0.3,
+                    QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q5_K => 0.15,
+                    _ => 0.1,
+                } * span
+                    / 2.0;
+                for (v, b) in x.row(r).iter().zip(&row) {
+                    assert!((v - b).abs() <= allowed, "{format:?}: {v} -> {b}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn kernels_agree_with_each_other_and_with_dequantized_f32() {
@@ -1441,7 +1973,7 @@ mod tests {
                     let step = match format {
                         QuantFormat::Q8_0 => hi.abs().max(lo.abs()) / 127.0,
                         QuantFormat::Q4_0 => hi.abs().max(lo.abs()) / 8.0,
-                        QuantFormat::Q4_1 => (hi - lo) / 15.0,
+                        _ => (hi - lo) / 15.0,
                     };
                     // Half a step of rounding plus the f16 rounding of the scales; Q4_0's grid
                     // ends at +7 steps against -8, so the far end may clamp by a whole step.

@@ -67,6 +67,7 @@ const fn quant_bytes(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q8_0 => 8 * 64,
         QuantFormat::Q4_0 | QuantFormat::Q4_1 => 4 * 64,
+        _ => panic!("not a format of this panel layout"),
     }
 }
 
@@ -74,7 +75,7 @@ const fn quant_bytes(format: QuantFormat) -> usize {
 const fn scale_sets(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q4_1 => 2,
-        QuantFormat::Q8_0 | QuantFormat::Q4_0 => 1,
+        _ => 1,
     }
 }
 
@@ -84,7 +85,7 @@ const fn offset(format: QuantFormat) -> i32 {
     match format {
         QuantFormat::Q8_0 => 128,
         QuantFormat::Q4_0 => 8,
-        QuantFormat::Q4_1 => 0,
+        _ => 0,
     }
 }
 
@@ -121,7 +122,7 @@ impl Panels {
                                 dst[minima..minima + 2].copy_from_slice(&block[2..4]);
                                 4
                             }
-                            QuantFormat::Q8_0 | QuantFormat::Q4_0 => 2,
+                            _ => 2,
                         };
                         let flip = if format == QuantFormat::Q8_0 { 0x80 } else { 0 };
                         let q = &mut dst[b * qb..(b + 1) * qb];
@@ -157,7 +158,7 @@ impl Panels {
         for (i, v) in v.iter_mut().enumerate() {
             *v = match format {
                 QuantFormat::Q8_0 => q[(i / 4) * 64 + 4 * c + i % 4],
-                QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                _ => {
                     let e = i % 16;
                     let byte = q[(e / 4) * 64 + 4 * c + e % 4];
                     if i < 16 { byte & 0x0f } else { byte >> 4 }
@@ -181,7 +182,7 @@ impl Panels {
                 *y = match format {
                     QuantFormat::Q8_0 => d * f32::from((v ^ 0x80) as i8),
                     QuantFormat::Q4_0 => d * f32::from(v) + -8.0 * d,
-                    QuantFormat::Q4_1 => d * f32::from(v) + m,
+                    _ => d * f32::from(v) + m,
                 };
             }
         }
@@ -331,6 +332,7 @@ mod avx512 {
                 QuantFormat::Q8_0 => k.sweep::<Q8>(panels, rows),
                 QuantFormat::Q4_0 => k.sweep::<Q4_0>(panels, rows),
                 QuantFormat::Q4_1 => k.sweep::<Q4_1>(panels, rows),
+                _ => unreachable!("not a format of this panel layout"),
             }
         }
     }

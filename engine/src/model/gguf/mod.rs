@@ -36,9 +36,10 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-pub use dtype::{GgmlType, QK, dequantize};
+pub use dtype::{DEQUANTIZABLE, GgmlType, QK, QK_K, dequantize, k_scale_min, type_list};
 pub use hparams::{SUPPORTED_ARCHITECTURES, TokenizerMetadata};
 pub use value::{MetaArray, MetaValue, ValueType};
+pub use weights::{WEIGHT_TYPES, quant_format, quant_format_type};
 
 /// The only version read: v3 is what every current converter writes. v1 used 32-bit counts
 /// and v2 differs from v3 only in lacking big-endian files, but neither is worth a code path
@@ -206,7 +207,7 @@ pub enum GgufError {
     #[error("no tensor named {0:?} in the GGUF file")]
     TensorNotFound(String),
     /// Dequantization of a type without a reference implementation yet.
-    #[error("dequantizing {0} is not supported yet; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1")]
+    #[error("dequantizing {0} is not supported yet; supported: {list}", list = type_list(&DEQUANTIZABLE))]
     DequantUnsupported(GgmlType),
     /// Bytes and output length that do not match.
     #[error("{bytes} bytes of {dtype} do not hold exactly {elements} elements")]
@@ -254,7 +255,8 @@ pub enum GgufError {
     },
     /// A model tensor in a type the engine cannot compute with.
     #[error(
-        "tensor {tensor:?} is {dtype}; Ballast runs F32, F16, BF16, Q8_0, Q4_0 and Q4_1 weights"
+        "tensor {tensor:?} is {dtype}; Ballast runs {list} weights",
+        list = type_list(&WEIGHT_TYPES)
     )]
     UnsupportedTensorType {
         /// The tensor.

@@ -312,13 +312,14 @@ fn dequantize_checks_lengths_and_support() {
     assert_eq!(err.label(), "dequant_length");
     let err = dequantize(GgmlType::Q4_0, &[0; 17], &mut [0.0; 32]).unwrap_err();
     assert_eq!(err.label(), "dequant_length");
-    let err = dequantize(GgmlType::Q6_K, &[0; 210], &mut [0.0; 256]).unwrap_err();
+    let err = dequantize(GgmlType::Q8_K, &[0; 292], &mut [0.0; 256]).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "dequantizing Q6_K is not supported yet; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"
+        "dequantizing Q8_K is not supported yet; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, \
+         Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K"
     );
     // A file may hold a type that cannot be dequantized yet; it parses, and says so on use.
-    let bytes = file_with_tensor(GgmlType::Q6_K, &[256], vec![0; 210]);
+    let bytes = file_with_tensor(GgmlType::Q8_K, &[256], vec![0; 292]);
     let file = parse(&bytes).unwrap();
     assert_eq!(
         file.tensor("t").unwrap().dequantize().unwrap_err().label(),

@@ -11,13 +11,58 @@ use crate::backend::quant::{QuantFormat, QuantMatrix, SharedBytes};
 use crate::model::ModelSpec;
 use crate::model::llama::{LayerTensors, ModelTensors};
 
+/// The tensor types a model's matrices may have, in the order error messages list them:
+/// F32, F16 and BF16 are expanded to f32, the quantized ones multiplied in place.
+pub const WEIGHT_TYPES: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// The ggml type of a kernel format.
+pub fn quant_format_type(format: QuantFormat) -> GgmlType {
+    match format {
+        QuantFormat::Q8_0 => GgmlType::Q8_0,
+        QuantFormat::Q4_0 => GgmlType::Q4_0,
+        QuantFormat::Q4_1 => GgmlType::Q4_1,
+        QuantFormat::Q5_0 => GgmlType::Q5_0,
+        QuantFormat::Q5_1 => GgmlType::Q5_1,
+        QuantFormat::Q4_K => GgmlType::Q4_K,
+        QuantFormat::Q5_K => GgmlType::Q5_K,
+        QuantFormat::Q6_K => GgmlType::Q6_K,
+    }
+}
+
+/// The kernels' format for a quantized ggml type, if they have one.
+pub fn quant_format(dtype: GgmlType) -> Option<QuantFormat> {
+    Some(match dtype {
+        GgmlType::Q8_0 => QuantFormat::Q8_0,
+        GgmlType::Q4_0 => QuantFormat::Q4_0,
+        GgmlType::Q4_1 => QuantFormat::Q4_1,
+        GgmlType::Q5_0 => QuantFormat::Q5_0,
+        GgmlType::Q5_1 => QuantFormat::Q5_1,
+        GgmlType::Q4_K => QuantFormat::Q4_K,
+        GgmlType::Q5_K => QuantFormat::Q5_K,
+        GgmlType::Q6_K => QuantFormat::Q6_K,
+        _ => return None,
+    })
+}
+
 impl<D: Deref<Target = [u8]> + Send + Sync + 'static> GgufFile<D> {
     /// Every tensor of the Llama model `spec` (from [`GgufFile::llama_spec`]), by llama.cpp's
     /// names: `token_embd`, `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm,
     /// ffn_gate, ffn_up, ffn_down}`, `output_norm`, and `output` unless the embeddings are tied.
     ///
-    /// Each tensor's dims and type are checked. Q8_0, Q4_0 and Q4_1 matrices borrow the file's
-    /// bytes; F32, F16 and BF16 ones are expanded to f32.
+    /// Each tensor's dims and type are checked. Quantized matrices ([`WEIGHT_TYPES`]) borrow
+    /// the file's bytes; F32, F16 and BF16 ones are expanded to f32.
     pub fn llama_tensors(
         self: &Arc<Self>,
         spec: &ModelSpec,
@@ -87,9 +132,7 @@ impl<D: Deref<Target = [u8]> + Send + Sync + 'static> GgufFile<D> {
     ) -> Result<HostWeight<'static>, GgufError> {
         let view = self.checked(name, &[cols, rows])?;
         let format = match view.info.dtype {
-            GgmlType::Q8_0 => QuantFormat::Q8_0,
-            GgmlType::Q4_0 => QuantFormat::Q4_0,
-            GgmlType::Q4_1 => QuantFormat::Q4_1,
+            t if quant_format(t).is_some() => quant_format(t).expect("checked"),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                 return Ok(HostWeight::F32 {
                     data: Cow::Owned(view.dequantize()?),
@@ -334,8 +377,8 @@ mod tests {
                 let blocks = view.info.n_elements as usize / 32;
                 (
                     view.info.dims.clone(),
-                    GgmlType::Q5_0,
-                    vec![0u8; blocks * 22],
+                    GgmlType::Q8_1,
+                    vec![0u8; blocks * 36],
                 )
             } else {
                 (view.info.dims.clone(), view.info.dtype, view.bytes.to_vec())
@@ -351,7 +394,8 @@ mod tests {
         let err = file.llama_tensors(&file.llama_spec().unwrap()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "tensor \"blk.1.attn_v.weight\" is Q5_0; Ballast runs F32, F16, BF16, Q8_0, Q4_0 and Q4_1 weights"
+            "tensor \"blk.1.attn_v.weight\" is Q8_1; Ballast runs F32, F16, BF16, Q8_0, Q4_0, Q4_1, \
+             Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights"
         );
     }
 }
