@@ -208,7 +208,11 @@ pub fn sub_block(format: QuantFormat, row: &[u8], k: usize) -> SubBlock {
             };
             let q = std::array::from_fn(|l| {
                 let byte = qs[32 * (j / 2) + l];
-                let low = if j % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                let low = if j.is_multiple_of(2) {
+                    byte & 0x0f
+                } else {
+                    byte >> 4
+                };
                 low | qh.map_or(0, |qh| ((qh[l] >> j) & 1) << 4)
             });
             SubBlock {
@@ -1140,6 +1144,8 @@ macro_rules! int8_kernels {
     };
 }
 
+mod rows_k;
+
 #[cfg(target_arch = "x86_64")]
 int8_kernels!(
     avx2,
@@ -1400,18 +1406,19 @@ fn int8_matmuls(act: &Q8Rows, jobs: &[(&QuantMatrix, OutPtr)], simd: Simd) {
         while r0 < m {
             let rows = ROW_TILE.min(m - r0);
             let tile = &mut tile[..rows * len];
-            let simd = if w.format.is_legacy() {
-                simd
-            } else {
-                Simd::Portable
-            };
+            let legacy = w.format.is_legacy();
             match simd {
-                // SAFETY (both): detect_simd picked the kernel only if the CPU has its
-                // features; `bytes` holds whole rows of `rb` bytes; rows r0..r0+rows exist.
+                // SAFETY (all four): detect_simd picked the kernel only if the CPU has its
+                // features; `bytes` holds whole rows of `rb` bytes; rows r0..r0+rows exist;
+                // each format goes to the kernels written for it.
                 #[cfg(target_arch = "x86_64")]
-                Simd::Vnni => unsafe { vnni::dots(w, cols.clone(), act, r0, rows, tile) },
+                Simd::Vnni if legacy => unsafe { vnni::dots(w, cols.clone(), act, r0, rows, tile) },
                 #[cfg(target_arch = "x86_64")]
-                Simd::Avx2 => unsafe { avx2::dots(w, cols.clone(), act, r0, rows, tile) },
+                Simd::Avx2 if legacy => unsafe { avx2::dots(w, cols.clone(), act, r0, rows, tile) },
+                #[cfg(target_arch = "x86_64")]
+                Simd::Vnni => unsafe { rows_k::vnni::dots(w, cols.clone(), act, r0, rows, tile) },
+                #[cfg(target_arch = "x86_64")]
+                Simd::Avx2 => unsafe { rows_k::avx2::dots(w, cols.clone(), act, r0, rows, tile) },
                 Simd::Portable => {
                     let mut one = [0.0f32; ROW_TILE];
                     for (c, j) in cols.clone().enumerate() {

@@ -365,7 +365,11 @@ fn q4_k_block(block: &[u8], y: &mut [f32]) {
         let (dl, ml) = (d * f32::from(sc), dmin * f32::from(m));
         for (l, y) in y.iter_mut().enumerate() {
             let byte = qs[32 * (j / 2) + l];
-            let q = if j % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            let q = if j.is_multiple_of(2) {
+                byte & 0x0f
+            } else {
+                byte >> 4
+            };
             *y = dl * f32::from(q) - ml;
         }
     }
@@ -381,7 +385,11 @@ fn q5_k_block(block: &[u8], y: &mut [f32]) {
         let (dl, ml) = (d * f32::from(sc), dmin * f32::from(m));
         for (l, y) in y.iter_mut().enumerate() {
             let byte = qs[32 * (j / 2) + l];
-            let low = if j % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            let low = if j.is_multiple_of(2) {
+                byte & 0x0f
+            } else {
+                byte >> 4
+            };
             let q = low | ((qh[l] >> j) & 1) << 4;
             *y = dl * f32::from(q) - ml;
         }
