@@ -901,10 +901,156 @@ fn ballast_on_a_real_cluster() {
     }
     let lease = w.json(&["get", "lease", "ballast-operator", "-n", OPERATOR_NS]);
     assert_eq!(lease["spec"]["holderIdentity"], op2.name.as_str());
+
+    // ---- 13. API requests per control period (issue 23) --------------------------------
+    // What a settled InferenceService costs the API server each period: a window of ten
+    // periods in which `chat` is the only InferenceService, settled, and nothing else
+    // changes (no load, no kubectl but the two snapshots). The API server's own
+    // `apiserver_request_total` gives every request in the window by verb and resource
+    // (printed); it has no user label, and the API server's own loops (the `kubernetes`
+    // Service's endpoints, the Service IP repair) LIST and GET in any cluster, so what the
+    // operator made is told apart by the API server's audit log, whose entries name the
+    // user. The operator's Lease renewals are its leader election, not a reconcile's, and
+    // are left out; watches are counted apart (a watch is opened once, not per period).
+    w.wait_for("fixed's pods gone", Duration::from_secs(120), || {
+        w.pods(&selector("fixed")).is_empty().then_some(())
+    });
+    w.wait_for("chat settled", Duration::from_secs(60), || {
+        let before = op2.writes("chat");
+        std::thread::sleep(Duration::from_secs(6));
+        (op2.writes("chat") == before).then_some(())
+    });
+    const PERIODS: u32 = 10;
+    let operator_user = format!("system:serviceaccount:{OPERATOR_NS}:ballast");
+    let first = api_requests(cp);
+    let audited_before = cp.audited_requests().len();
+    let writes_before = op2.writes("chat");
+    std::thread::sleep(Duration::from_secs(2) * PERIODS);
+    let audited: Vec<_> = cp.audited_requests().split_off(audited_before);
+    let second = api_requests(cp);
+    let moved: Vec<String> = second
+        .iter()
+        .filter_map(|(k, v)| {
+            let d = v - first.get(k).copied().unwrap_or(0.0);
+            (d > 0.0).then(|| {
+                format!(
+                    "  {d:>4} {} {}/{}{}",
+                    k.verb,
+                    k.group,
+                    k.resource,
+                    match k.subresource.as_str() {
+                        "" => String::new(),
+                        s => format!("/{s}"),
+                    }
+                )
+            })
+        })
+        .collect();
+    // Discovery (`/apis/monitoring.coreos.com/v1`, whether the ServiceMonitor CRD is
+    // installed) is asked once per refresh for the whole operator, not per service:
+    // counted apart, and bounded by the refresh.
+    let discovery = audited
+        .iter()
+        .filter(|r| r.user == operator_user && r.resource.is_empty())
+        .count();
+    let by_operator: Vec<_> = audited
+        .iter()
+        .filter(|r| r.user == operator_user && r.resource != "leases" && !r.resource.is_empty())
+        .collect();
+    let count = |verbs: &[&str]| {
+        by_operator
+            .iter()
+            .filter(|r| verbs.contains(&r.verb.as_str()))
+            .count()
+    };
+    let reads = count(&["get", "list"]) as f64 / f64::from(PERIODS);
+    let writes = count(&["create", "update", "patch", "delete", "deletecollection"]) as f64
+        / f64::from(PERIODS);
+    let watches = count(&["watch"]) as f64 / f64::from(PERIODS);
+    let operator_requests: Vec<String> = by_operator
+        .iter()
+        .map(|r| format!("  {} {}", r.verb, r.uri))
+        .collect();
+    eprintln!(
+        "API requests per period for a settled InferenceService ({PERIODS} periods of 2 s), made by the operator: {reads} reads, {writes} writes, {watches} watches opened; discovery reads for the whole operator in the window: {discovery}\n\
+         every request in the window by apiserver_request_total (all components):\n{}\n\
+         the operator's, from the audit log ({} in all, Lease renewals aside):\n{}",
+        moved.join("\n"),
+        by_operator.len(),
+        operator_requests.join("\n")
+    );
+    assert!(
+        audited
+            .iter()
+            .any(|r| r.user == operator_user && r.resource == "leases"),
+        "the audit log shows no Lease renewal by {operator_user}: the attribution is broken"
+    );
+    assert_eq!(
+        op2.writes("chat"),
+        writes_before,
+        "the operator wrote to chat in the window"
+    );
+    let refreshes = (2 * PERIODS) as usize / 10 + 1; // DISCOVERY_REFRESH is 10 s
+    assert!(
+        discovery <= refreshes,
+        "{discovery} discovery reads in {} s: more than one per refresh",
+        2 * PERIODS
+    );
+    assert_eq!(
+        (reads, writes),
+        (0.0, 0.0),
+        "reads and writes per settled period by the operator:\n{}",
+        operator_requests.join("\n")
+    );
+    // ---- end of 13 ----------------------------------------------------------------------
     eprintln!("cluster e2e wall time: {:?}", t0.elapsed());
     drop(w);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---- Helpers of 13 (API requests per control period) ----------------------------------
+
+/// One series of `apiserver_request_total`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct RequestKey {
+    verb: String,
+    group: String,
+    resource: String,
+    subresource: String,
+}
+
+/// `apiserver_request_total` by verb, group, resource and subresource (summed over codes
+/// and scopes), from the API server's `/metrics` read as the admin.
+fn api_requests(cp: &ControlPlane) -> std::collections::BTreeMap<RequestKey, f64> {
+    let text = cp.kubectl(&["get", "--raw", "/metrics"]).unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let key = RequestKey {
+            verb: label("verb"),
+            group: label("group"),
+            resource: label("resource"),
+            subresource: label("subresource"),
+        };
+        *out.entry(key).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
+
+// ---- end of the helpers of 13 -----------------------------------------------------------
 
 /// SmolLM2-135M-Instruct, cached by `scripts/fetch-model.sh`, served in the cluster from
 /// a PersistentVolume of the node's disk bound to a claim, through the Service. Skipped

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use ballast_crds::InferenceService;
-use ballast_operator::reconcile::status::{NewStatus, status};
+use ballast_operator::reconcile::report::{NewStatus, status};
 use ballast_operator::status::{ConditionSet, ReplicaCounts};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;

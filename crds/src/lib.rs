@@ -543,6 +543,10 @@ pub struct InferenceServiceStatus {
     /// Replicas in rotation (not taken out by rebalancing).
     #[serde(default)]
     pub accepting_replicas: i32,
+    /// Replicas (not leaving) that run the latest pod template: fewer than `replicas`
+    /// while a rollout is in progress.
+    #[serde(default)]
+    pub updated_replicas: i32,
     /// Replicas the operator wants.
     #[serde(default)]
     pub desired_replicas: i32,

@@ -86,6 +86,29 @@ pub fn binaries() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// The API server's audit policy: the metadata of every request once it completes.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+";
+
+/// One request the API server completed, from its audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditedRequest {
+    /// The authenticated user (`system:serviceaccount:NS:NAME` for a ServiceAccount).
+    pub user: String,
+    /// `get`, `list`, `watch`, `create`, `patch`, `update`, `delete`…
+    pub verb: String,
+    /// The API group (`""` for the core group).
+    pub group: String,
+    /// The resource, with `/SUBRESOURCE` when there is one (`""` for a non-resource URL).
+    pub resource: String,
+    /// The request URI.
+    pub uri: String,
+}
+
 /// A running control plane; stopped (every process killed) when dropped.
 pub struct ControlPlane {
     /// State: certificates, etcd data, logs, kubeconfigs.
@@ -218,6 +241,11 @@ impl ControlPlane {
         cp.children.push(("etcd".into(), etcd));
         let p = |f: &str| pki.join(f).display().to_string();
         let addr = address.to_string();
+        // Every request's metadata (who, verb, resource; no bodies), so a test can tell
+        // which component made a request; `apiserver_request_total` cannot.
+        std::fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY).map_err(|e| e.to_string())?;
+        let audit_policy = dir.join("audit-policy.yaml").display().to_string();
+        let audit_log = dir.join("audit.log").display().to_string();
         let apiserver = spawn_logged(
             &logs,
             "kube-apiserver",
@@ -239,6 +267,9 @@ impl ControlPlane {
                 .args(["--service-account-key-file", &p("sa.pub")])
                 .args(["--service-account-signing-key-file", &p("sa.key")])
                 .args(["--service-cluster-ip-range", "10.96.0.0/16"])
+                .args(["--audit-policy-file", &audit_policy])
+                .args(["--audit-log-path", &audit_log, "--audit-log-format", "json"])
+                .args(["--audit-log-maxsize", "0", "--audit-log-mode", "blocking"])
                 .args(["--profiling=false"]),
         )?;
         cp.children.push(("kube-apiserver".into(), apiserver));
@@ -305,6 +336,30 @@ impl ControlPlane {
         )?;
         cp.children.push(("kube-scheduler".into(), scheduler));
         Ok(cp)
+    }
+
+    /// The requests the API server has completed so far, in order (its audit log).
+    pub fn audited_requests(&self) -> Vec<AuditedRequest> {
+        let text = std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["stage"] == "ResponseComplete")
+            .map(|e| {
+                let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+                let o = &e["objectRef"];
+                let mut resource = s(&o["resource"]);
+                if let Some(sub) = o["subresource"].as_str() {
+                    resource = format!("{resource}/{sub}");
+                }
+                AuditedRequest {
+                    user: s(&e["user"]["username"]),
+                    verb: s(&e["verb"]),
+                    group: s(&o["apiGroup"]),
+                    resource,
+                    uri: s(&e["requestURI"]),
+                }
+            })
+            .collect()
     }
 
     /// `kubectl` with the admin kubeconfig: its stdout, or its stderr as the error.

@@ -1,4 +1,10 @@
-//! Client of the engine control API (compiled from the engine's .proto by build.rs).
+//! Client of the engine control API (compiled from the engine's .proto by build.rs), and
+//! the one pool of clients both runtimes set DP weights through.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
 
 /// Generated protobuf types and the gRPC client.
 #[allow(missing_docs, clippy::all)]
@@ -7,3 +13,139 @@ pub mod proto {
 }
 
 pub use proto::engine_control_client::EngineControlClient;
+
+use proto::SetDpWeightsRequest;
+
+/// Connect and call timeout of an engine's control API: a hung replica delays a control
+/// period by this much at most (calls are concurrent).
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One control-API client per replica, each on a lazily connected channel made on first
+/// use and kept while the replica lives, with [`CONTROL_TIMEOUT`] on connecting and on
+/// every call.
+#[derive(Default)]
+pub struct ControlClients {
+    /// By replica: the address the channel was made for, and the client.
+    clients: BTreeMap<String, (String, EngineControlClient<Channel>)>,
+}
+
+impl ControlClients {
+    /// An empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets the clients of replicas for which `live` is false (their channels close).
+    pub fn retain(&mut self, live: impl Fn(&str) -> bool) {
+        self.clients.retain(|replica, _| live(replica));
+    }
+
+    /// Replicas with a client, in name order.
+    pub fn replicas(&self) -> Vec<&str> {
+        self.clients.keys().map(String::as_str).collect()
+    }
+
+    /// The client of `replica` at `address` (`http://host:port`): the pool's, or a new one
+    /// when it has none for that address. `None` when the address is not a URI.
+    fn client(&mut self, replica: &str, address: &str) -> Option<EngineControlClient<Channel>> {
+        if let Some((at, c)) = self.clients.get(replica)
+            && at == address
+        {
+            return Some(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(address.to_string()).ok()?;
+        let client = EngineControlClient::new(
+            endpoint
+                .connect_timeout(CONTROL_TIMEOUT)
+                .timeout(CONTROL_TIMEOUT)
+                .connect_lazy(),
+        );
+        self.clients
+            .insert(replica.to_string(), (address.to_string(), client.clone()));
+        Some(client)
+    }
+
+    /// Sets each `(replica, address, weights)` concurrently, each call bounded by
+    /// [`CONTROL_TIMEOUT`]. Returns, in the same order, each replica with its weights and
+    /// what became of the call (`Err` says why, for the log).
+    pub async fn set_dp_weights(
+        &mut self,
+        calls: Vec<(String, String, Vec<f64>)>,
+    ) -> Vec<(String, Vec<f64>, Result<(), String>)> {
+        let mut pending = Vec::new();
+        for (replica, address, weights) in calls {
+            let Some(mut client) = self.client(&replica, &address) else {
+                pending.push(futures::future::Either::Left(std::future::ready((
+                    replica,
+                    weights,
+                    Err(format!("not a control API address: {address}")),
+                ))));
+                continue;
+            };
+            pending.push(futures::future::Either::Right(async move {
+                let call = client.set_dp_weights(SetDpWeightsRequest {
+                    weights: weights.clone(),
+                });
+                let result = match tokio::time::timeout(CONTROL_TIMEOUT, call).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(status)) => Err(status.message().to_string()),
+                    Err(_) => Err(format!("no answer within {CONTROL_TIMEOUT:?}")),
+                };
+                (replica, weights, result)
+            }));
+        }
+        futures::future::join_all(pending).await
+    }
+}
+
+/// The control API address of a host (an IP, IPv6 in brackets) and port.
+pub fn address(host: &str, port: i32) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("http://[{host}]:{port}")
+    } else {
+        format!("http://{host}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_bracket_ipv6() {
+        assert_eq!(address("10.0.0.7", 9000), "http://10.0.0.7:9000");
+        assert_eq!(address("fd00::5", 9000), "http://[fd00::5]:9000");
+        assert_eq!(address("127.0.0.1", 41000), "http://127.0.0.1:41000");
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_does_not_answer_costs_one_timeout_and_keeps_its_client() {
+        // A port that accepts nothing: the connect fails fast (refused) or times out.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let mut pool = ControlClients::new();
+        let t0 = std::time::Instant::now();
+        let out = pool
+            .set_dp_weights(vec![
+                (
+                    "a".into(),
+                    address("127.0.0.1", i32::from(port)),
+                    vec![0.5, 0.5],
+                ),
+                ("b".into(), "not a uri".into(), vec![1.0]),
+            ])
+            .await;
+        assert!(t0.elapsed() < CONTROL_TIMEOUT + Duration::from_secs(1));
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].0, "a");
+        assert!(out[0].2.is_err(), "{out:?}");
+        assert!(
+            out[1].2.as_ref().unwrap_err().contains("not a uri"),
+            "{out:?}"
+        );
+        assert_eq!(pool.replicas(), ["a"]);
+        pool.retain(|r| r != "a");
+        assert!(pool.replicas().is_empty());
+    }
+}

@@ -2,8 +2,10 @@
 //!
 //! `scrape` turns replicas' Prometheus expositions (in the ballast, vLLM or SGLang
 //! dialect) into [`signals`]; `decide` is a pure function from (spec, signals, history,
-//! now) to a decision with its explanation; the runtimes act on decisions: [`local`] runs
-//! the whole loop on one machine with engine processes on loopback.
+//! now) to a decision with its explanation; [`period`] is one control period (scrape →
+//! aggregate → decide → record), the same for both runtimes, which act on its decisions:
+//! [`local`] runs the whole loop on one machine with engine processes on loopback,
+//! [`reconcile`] is the Kubernetes controller.
 
 pub mod control;
 pub mod decide;
@@ -11,6 +13,7 @@ pub mod engine_args;
 pub mod labels;
 pub mod local;
 pub mod metrics;
+pub mod period;
 pub mod reconcile;
 pub mod scrape;
 pub mod signals;

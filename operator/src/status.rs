@@ -1,6 +1,6 @@
-//! An InferenceService's status, assembled the same way by every runtime (`ballast local`
-//! today, the Kubernetes controller next): conditions merged with stable transition
-//! times, and the status object the CRD holds.
+//! An InferenceService's status, assembled the same way by both runtimes (`ballast local`
+//! and `ballast operator`): conditions merged with stable transition times, and the
+//! status object the CRD holds.
 
 use ballast_crds::{Decision, InferenceServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -80,6 +80,8 @@ pub struct StatusParts<'a> {
     pub generation: Option<i64>,
     /// Replica counts.
     pub counts: ReplicaCounts,
+    /// Replicas (not leaving) that run the latest pod template.
+    pub updated: i32,
     /// The replica count the operator wants.
     pub desired: i32,
     /// RFC 3339 time of the last change of `desired`.
@@ -99,6 +101,7 @@ pub fn assemble(p: StatusParts<'_>) -> InferenceServiceStatus {
         replicas: c.ready + c.starting + c.draining,
         ready_replicas: c.ready,
         accepting_replicas: c.accepting,
+        updated_replicas: p.updated,
         desired_replicas: p.desired,
         selector: crate::labels::selector(p.name),
         last_scale_time: p.last_scale_time,
@@ -188,14 +191,20 @@ mod tests {
             name: "chat",
             generation: Some(4),
             counts,
+            updated: 2,
             desired: 3,
             last_scale_time: None,
             conditions: &[],
             last_decision: None,
         });
         assert_eq!(
-            (s.replicas, s.ready_replicas, s.accepting_replicas),
-            (4, 2, 1)
+            (
+                s.replicas,
+                s.ready_replicas,
+                s.accepting_replicas,
+                s.updated_replicas
+            ),
+            (4, 2, 1, 2)
         );
         assert_eq!(
             s.selector,

@@ -15,6 +15,10 @@ use ballast_crds::InferenceServiceStatus;
 pub use crate::local::timeline::Timeline;
 pub use crate::metrics::OperatorMetrics;
 
+/// The `namespace` label of every service's series in `ballast local` (and of its engines'
+/// targets on `/prometheus/targets`).
+pub const LOCAL_NAMESPACE: &str = "local";
+
 /// Status per service name, as the CRD would hold it.
 pub type StatusMap = Arc<RwLock<BTreeMap<String, InferenceServiceStatus>>>;
 
@@ -64,10 +68,7 @@ pub fn prometheus_targets(replicas: &BTreeMap<String, Vec<ReplicaInfo>>) -> Vec<
             groups.push(TargetGroup {
                 targets: vec![host_port],
                 labels: BTreeMap::from([
-                    (
-                        "namespace".to_string(),
-                        super::service::LOCAL_NAMESPACE.to_string(),
-                    ),
+                    ("namespace".to_string(), LOCAL_NAMESPACE.to_string()),
                     ("service".to_string(), service.clone()),
                     ("pod".to_string(), r.name.clone()),
                 ]),

@@ -16,6 +16,7 @@ use ballast_crds::InferenceService;
 
 use super::replica::{HealthVerdict, Phase, Replica};
 use super::router::Backend;
+use crate::status::ReplicaCounts;
 
 /// How long a failed replica may take to stop after SIGTERM before it is killed.
 pub const FAILED_GRACE: Duration = Duration::from_secs(5);
@@ -48,19 +49,6 @@ pub enum FleetEvent {
     Killed { replica: String },
     /// A drained replica finished and exited.
     Drained { replica: String },
-}
-
-/// Replicas by state, as status and metrics report them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// Serving (`/health` 200), in rotation or not.
-    pub ready: i32,
-    /// Started, not serving yet (replacements included).
-    pub starting: i32,
-    /// Leaving: draining after a scale-down, or failed and stopping.
-    pub draining: i32,
-    /// Ready and in rotation.
-    pub accepting: i32,
 }
 
 /// What [`drain_order`] needs to know about a replica.
@@ -238,9 +226,11 @@ impl Fleet {
         events
     }
 
-    /// Replicas by state.
-    pub fn counts(&self) -> Counts {
-        let mut c = Counts::default();
+    /// Replicas by state: ready (serving, in rotation or not), starting (replacements
+    /// included), draining (after a scale-down, or failed and stopping), accepting (ready
+    /// and in rotation).
+    pub fn counts(&self) -> ReplicaCounts {
+        let mut c = ReplicaCounts::default();
         for r in &self.replicas {
             match r.phase {
                 Phase::Ready => {

@@ -12,9 +12,10 @@
 pub mod admin;
 mod demo;
 pub mod fleet;
+mod publish;
 pub mod replica;
 pub mod router;
-mod service;
+mod supervisor;
 pub mod timeline;
 mod view;
 
@@ -24,7 +25,8 @@ use std::sync::{Arc, Mutex};
 use ballast_crds::{EngineKind, InferenceService};
 use clap::Args;
 
-use service::{Service, Shared};
+use publish::Outputs;
+use supervisor::{Launch, Supervisor};
 
 /// Flags of `ballast local`.
 #[derive(Debug, Clone, Args)]
@@ -266,16 +268,18 @@ pub async fn run(
         .no_proxy()
         .build()
         .map_err(LocalError::Client)?;
-    let shared = Shared {
+    let launch = Launch {
         engine_bin,
         log_dir,
+        health_client,
+    };
+    let outputs = Outputs {
         routes: Arc::clone(&routes),
         metrics: Arc::clone(&metrics),
         status: Arc::clone(&status),
         replicas: Arc::clone(&replicas),
         timeline: Arc::clone(&timeline),
         view,
-        health_client,
     };
     let demo_model = services[0].served_name();
     let min_replicas: std::collections::BTreeMap<String, i32> = services
@@ -289,10 +293,10 @@ pub async fn run(
         .collect();
     // Every service is published (routes, status) before the first request can be served:
     // connections that arrive meanwhile wait in the listen backlog.
-    let created = services
+    let created: Vec<Supervisor> = services
         .into_iter()
-        .map(|isvc| Service::new(isvc, shared.clone()))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|isvc| Supervisor::new(isvc, &launch, outputs.clone()))
+        .collect();
     let app = router::router(routes, router::HOLD_LIMIT)?;
     tokio::spawn(async move { axum::serve(router_listener, app).await });
     tokio::spawn(async move {
@@ -321,7 +325,7 @@ pub async fn run(
         if !args.demo {
             return std::future::pending().await;
         }
-        let serving = Arc::clone(&shared.routes);
+        let serving = Arc::clone(&outputs.routes);
         demo::drive(
             format!("http://{router_addr}"),
             demo_model,
@@ -331,7 +335,7 @@ pub async fn run(
         .await;
         // Let the fleet settle back to its minimum before ending the demo.
         let settle = tokio::time::Instant::now() + std::time::Duration::from_secs(600);
-        while !settled(&shared.status, &min_replicas) && tokio::time::Instant::now() < settle {
+        while !settled(&outputs.status, &min_replicas) && tokio::time::Instant::now() < settle {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
     };

@@ -1,27 +1,130 @@
-//! Step 6: make the cluster hold what `build` produced, writing nothing when it already
-//! does.
+//! Step 5: make the cluster hold what step 4 built, writing nothing when it already does.
 //!
 //! Each object is applied with server-side apply under the operator's field manager, but
-//! only when the live object does not already contain every field the operator sets
-//! ([`contains`]): an unchanged spec, or an operator restart, produces no write at all.
-//! Pods get two small patches: the accepting readiness-gate condition (rotation) and, before
-//! a scale-down, a deletion cost so the Deployment removes the least-loaded pods first.
+//! only when the live object of the snapshot does not already contain every field the
+//! operator sets ([`contains`]): an unchanged spec, or an operator restart, produces no
+//! write at all, and no read either (the snapshot came from the caches). Pods get two
+//! small patches: before a scale-down a deletion cost, so the Deployment removes the
+//! least-loaded pods first, and the accepting readiness-gate condition (rotation). DP
+//! weights go over each pod's control API.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use ballast_crds::EngineKind;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::build::{ACCEPTING_CONDITION, DELETION_COST};
+use super::build::Built;
+use super::cache::MonitorState;
+use super::context::{Context, ServiceState};
+use super::error::Error;
+use super::names::{ACCEPTING_CONDITION, DELETION_COST, FIELD_MANAGER, service_monitor_resource};
+use super::plan::Plan;
 
-/// The field manager of everything the operator writes.
-pub const FIELD_MANAGER: &str = "ballast-operator";
+/// Step 5's output: the plan, and the Deployment as the cluster holds it now (the answer
+/// of its apply when there was one, else the snapshot's).
+#[derive(Debug)]
+pub struct Applied<'a> {
+    /// Step 3's plan.
+    pub plan: Plan<'a>,
+    /// The Deployment after this step.
+    pub deployment: Option<Arc<Deployment>>,
+}
+
+/// Step 5: deletion costs first (so a scale-down removes the least-loaded pods), then the
+/// objects, then rotation, then DP weights. Every write is counted in
+/// `ballast_operator_api_writes_total`.
+pub async fn apply<'a>(
+    ctx: &Context,
+    state: &mut ServiceState,
+    built: Built<'a>,
+) -> Result<Applied<'a>, Error> {
+    let Built { plan, objects } = built;
+    let ns = plan.isvc.namespace().unwrap_or_default();
+    let name = plan.isvc.name_any();
+    let client = &ctx.client;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for (pod, cost) in &plan.deletion_costs {
+        set_deletion_cost(&pods, pod, *cost).await?;
+        ctx.count_write(&ns, &name, "pod", true);
+    }
+    let snapshot = &plan.snapshot;
+    let written = apply_object(
+        &Api::namespaced(client.clone(), &ns),
+        &name,
+        snapshot.deployment.as_deref(),
+        &objects.deployment,
+    )
+    .await?;
+    ctx.count_write(&ns, &name, "deployment", written.is_some());
+    let deployment = written
+        .map(Arc::new)
+        .or_else(|| snapshot.deployment.clone());
+    let written = apply_object::<Service>(
+        &Api::namespaced(client.clone(), &ns),
+        &name,
+        snapshot.service.as_deref(),
+        &objects.service,
+    )
+    .await?;
+    ctx.count_write(&ns, &name, "service", written.is_some());
+    let written = apply_object::<PodDisruptionBudget>(
+        &Api::namespaced(client.clone(), &ns),
+        &name,
+        snapshot.pdb.as_deref(),
+        &objects.pdb,
+    )
+    .await?;
+    ctx.count_write(&ns, &name, "pdb", written.is_some());
+    let wrote = match service_monitor(
+        client,
+        &ns,
+        &name,
+        objects.service_monitor.as_ref(),
+        &snapshot.service_monitor,
+    )
+    .await
+    {
+        // The resource itself is gone (the CRD was removed): ask discovery again next time.
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            ctx.cache.service_monitors_gone().await;
+            false
+        }
+        other => other?,
+    };
+    ctx.count_write(&ns, &name, "servicemonitor", wrote);
+
+    for (pod, accepting) in &plan.rotation {
+        let (reason, message) = if *accepting {
+            ("InRotation", "taking new requests")
+        } else {
+            ("OutOfRotation", "hot: taken out of rotation by rebalancing")
+        };
+        set_accepting(&pods, pod, *accepting, reason, message).await?;
+        ctx.count_write(&ns, &name, "pod", true);
+    }
+    let e = &plan.isvc.spec.engine;
+    if e.kind == EngineKind::Ballast && e.grpc_port > 0 && !plan.dp_weights.is_empty() {
+        let ready = snapshot.ready_pods();
+        let port = e.grpc_port;
+        state
+            .period
+            .set_dp_weights(&plan.dp_weights, |pod| {
+                let ip = ready.get(pod)?.ip.as_deref()?;
+                Some(crate::control::address(ip, port))
+            })
+            .await;
+    }
+    Ok(Applied { plan, deployment })
+}
 
 /// Whether `live` holds every field of `desired` with the same value: objects key by key
 /// (extra keys in `live` are fields the API server defaulted or others own), arrays of the
@@ -40,67 +143,52 @@ pub fn contains(live: &Value, desired: &Value) -> bool {
     }
 }
 
-/// Applies `desired` as `name` unless the live object already contains it. True when it
-/// wrote.
-pub async fn apply<K>(api: &Api<K>, name: &str, desired: &K) -> Result<bool, kube::Error>
+/// Applies `desired` as `name` unless `live` (the object as the cluster holds it) already
+/// contains it. The object the API server answered when it wrote, `None` when it did not.
+pub async fn apply_object<K>(
+    api: &Api<K>,
+    name: &str,
+    live: Option<&K>,
+    desired: &K,
+) -> Result<Option<K>, kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
 {
     let want = serde_json::to_value(desired).map_err(kube::Error::SerdeError)?;
-    if let Some(live) = api.get_opt(name).await? {
-        let live = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
+    if let Some(live) = live {
+        let live = serde_json::to_value(live).map_err(kube::Error::SerdeError)?;
         if contains(&live, &want) {
-            return Ok(false);
+            return Ok(None);
         }
     }
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&want),
-    )
-    .await?;
-    Ok(true)
+    let written = api
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&want),
+        )
+        .await?;
+    Ok(Some(written))
 }
 
-/// The ServiceMonitor resource of the Prometheus Operator.
-pub fn service_monitor_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
-        "servicemonitors",
-    )
-}
-
-/// Whether the ServiceMonitor CRD is installed (its API group serves the resource).
-pub async fn service_monitor_crd(client: &Client) -> Result<bool, kube::Error> {
-    match client
-        .list_api_group_resources("monitoring.coreos.com/v1")
-        .await
-    {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicemonitors")),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Applies the ServiceMonitor when one is wanted, deletes one the operator owns when not.
-/// True when it wrote.
+/// Applies the ServiceMonitor when one is wanted, deletes one the operator owns when not
+/// (none when the CRD is not installed). True when it wrote.
 pub async fn service_monitor(
     client: &Client,
     namespace: &str,
     name: &str,
     desired: Option<&Value>,
-    installed: bool,
+    live: &MonitorState,
 ) -> Result<bool, kube::Error> {
-    if !installed {
+    let MonitorState::Installed(live) = live else {
         return Ok(false);
-    }
+    };
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), namespace, &service_monitor_resource());
-    let live = api.get_opt(name).await?;
     match (desired, live) {
         (Some(want), live) => {
             if let Some(live) = live {
-                let live = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
+                let live = serde_json::to_value(&**live).map_err(kube::Error::SerdeError)?;
                 if contains(&live, want) {
                     return Ok(false);
                 }

@@ -1,10 +1,10 @@
-//! The objects an InferenceService implies, as plain values: a Deployment of engine pods, a
-//! Service, a PodDisruptionBudget and (when the Prometheus Operator is installed) a
+//! Step 4: the objects an InferenceService implies, as plain values: a Deployment of engine
+//! pods, a Service, a PodDisruptionBudget and (when the Prometheus Operator is installed) a
 //! ServiceMonitor. Pure: no client, no clock, so every field is table-tested.
 //!
 //! Each object carries only the fields the operator owns: they are applied with server-side
-//! apply under one field manager, and compared with the live object field by field (see
-//! `apply`), so what the API server defaults is never fought over.
+//! apply under one field manager, and compared with the live object field by field (step
+//! 5), so what the API server defaults is never fought over.
 
 use ballast_crds::{EngineKind, InferenceService, MODEL_MOUNT_PATH};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
@@ -19,17 +19,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
+use super::cache::MonitorState;
+pub use super::error::BuildError;
+use super::names::ACCEPTING_CONDITION;
+use super::plan::Plan;
 use crate::engine_args::{self, Listen};
 use crate::labels;
-
-/// The pod condition the operator sets to take a pod out of its Service's rotation (False)
-/// or keep it in (True). Pods carry it as a readiness gate, so a pod is Ready (and an
-/// endpoint) only while it is True.
-pub const ACCEPTING_CONDITION: &str = "ballast.dev/accepting";
-
-/// The annotation a Deployment reads to choose which pods a scale-down removes first
-/// (lowest cost first).
-pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 /// The shutdown delay of Ballast engine pods ([`SHUTDOWN_DELAY_ENV`]): how long after
 /// SIGTERM the engine keeps serving new requests (each with `Connection: close`) before it
@@ -75,19 +70,6 @@ pub struct BuildInput<'a> {
     pub default_image: &'a str,
     /// Whether the ServiceMonitor CRD (monitoring.coreos.com/v1) is installed.
     pub service_monitor_crd: bool,
-}
-
-/// Why the objects cannot be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BuildError {
-    /// The resource has no name, namespace or uid (not read from the API server).
-    #[error("the InferenceService has no {0}")]
-    Incomplete(&'static str),
-    /// No image for the engine container.
-    #[error(
-        "spec.engine.image is required for engine.kind {0} (the operator has a default only for ballast)"
-    )]
-    NoImage(&'static str),
 }
 
 /// What the spec implies.
@@ -149,6 +131,27 @@ fn meta(isvc: &InferenceService) -> Result<ObjectMeta, BuildError> {
         name: Some(name),
         ..ObjectMeta::default()
     })
+}
+
+/// Step 4's output: the plan and the objects it implies.
+#[derive(Debug)]
+pub struct Built<'a> {
+    /// Step 3's plan.
+    pub plan: Plan<'a>,
+    /// The objects to hold.
+    pub objects: Desired,
+}
+
+/// Step 4: the objects of `plan` (its replica count), with `default_image` for ballast
+/// engines whose spec names none.
+pub fn objects<'a>(plan: Plan<'a>, default_image: &str) -> Result<Built<'a>, BuildError> {
+    let objects = build(&BuildInput {
+        isvc: plan.isvc,
+        replicas: plan.wanted.replicas,
+        default_image,
+        service_monitor_crd: matches!(plan.snapshot.service_monitor, MonitorState::Installed(_)),
+    })?;
+    Ok(Built { plan, objects })
 }
 
 /// Every object the spec implies.

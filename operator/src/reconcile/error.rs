@@ -1,4 +1,5 @@
-//! Why a reconcile failed, each with a stable category for metrics and the backoff.
+//! Why a reconcile failed, each with a stable category for metrics and the backoff. Below
+//! the steps: each returns these.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ pub enum Error {
     Api(#[from] kube::Error),
     /// The resource cannot be turned into objects (it was not read from the API server).
     #[error(transparent)]
-    Build(#[from] super::build::BuildError),
+    Build(#[from] BuildError),
     /// An object could not be serialized (a bug).
     #[error("cannot serialize {what}: {source}")]
     Serialize {
@@ -47,6 +48,19 @@ impl Error {
             _ => Duration::from_secs(5),
         }
     }
+}
+
+/// Why the objects cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The resource has no name, namespace or uid (not read from the API server).
+    #[error("the InferenceService has no {0}")]
+    Incomplete(&'static str),
+    /// No image for the engine container.
+    #[error(
+        "spec.engine.image is required for engine.kind {0} (the operator has a default only for ballast)"
+    )]
+    NoImage(&'static str),
 }
 
 /// The longest retry delay.

@@ -5,22 +5,26 @@
 //! extra. Change this list in the same commit as the call that needs it.
 //!
 //! Where each verb comes from:
-//! - `run.rs`: the Controller lists and watches InferenceServices and the Deployments
-//!   they own (cluster-wide, or one namespace with `--namespace`); reconciles read the
-//!   Controller's cache, never `get` an InferenceService;
-//! - `fetch.rs`: `get` of the service's Deployment, `list` of its pods by label;
-//! - `apply.rs`: `get` of each owned object, then server-side apply, which is `patch`,
-//!   and also `create` when the object does not exist yet (Deployment, Service,
-//!   PodDisruptionBudget, ServiceMonitor); `delete` of a ServiceMonitor the operator
-//!   owns when the spec stops asking for one; a merge `patch` of a pod's deletion cost
-//!   and a strategic `patch` of `pods/status` for the readiness gate;
-//! - `status.rs`: server-side apply (`patch`) of `inferenceservices/status`;
+//! - `run.rs`: the Controller lists and watches InferenceServices (cluster-wide, or one
+//!   namespace with `--namespace`); one watch each of Deployments, Services,
+//!   PodDisruptionBudgets and pods feeds the reflector stores reconciles read
+//!   (`cache.rs`), so a settled reconcile reads nothing from the API server;
+//! - `cache.rs`: ServiceMonitors are watched into a store too once discovery finds their
+//!   CRD; a store that has not synced within `STORE_SYNC_WAIT` (a watch that cannot list)
+//!   is bypassed: the reconcile `get`s each object (a `list` for pods);
+//! - `apply.rs`: server-side apply, which is `patch`, and also `create` when the object
+//!   does not exist yet (Deployment, Service, PodDisruptionBudget, ServiceMonitor);
+//!   `delete` of a ServiceMonitor the operator owns when the spec stops asking for one;
+//!   a merge `patch` of a pod's deletion cost and a strategic `patch` of `pods/status`
+//!   for the readiness gate;
+//! - `report.rs`: server-side apply (`patch`) of `inferenceservices/status`, only when
+//!   the status changed;
 //! - events (kube's `Recorder`): `create` of an `events.k8s.io` Event, `patch` of a
 //!   repeated one (its series);
 //! - `leader.rs`: `get`, `create` and `update` (a `replace` carrying the
 //!   resourceVersion it read) of the Lease in the operator's own namespace.
 //!
-//! Not listed: `apply::service_monitor_crd` reads the discovery document
+//! Not listed: `cache.rs` reads the discovery document
 //! `/apis/monitoring.coreos.com/v1`, which every authenticated client may read
 //! (the built-in `system:discovery` role).
 
@@ -68,19 +72,19 @@ pub const API_ACCESS: &[ApiAccess] = &[
         "deployments",
         &["get", "list", "watch", "create", "patch"],
     ),
-    cluster("", "services", &["get", "create", "patch"]),
+    cluster("", "services", &["get", "list", "watch", "create", "patch"]),
     cluster(
         "policy",
         "poddisruptionbudgets",
-        &["get", "create", "patch"],
+        &["get", "list", "watch", "create", "patch"],
     ),
-    cluster("", "pods", &["list", "patch"]),
+    cluster("", "pods", &["list", "watch", "patch"]),
     cluster("", "pods/status", &["patch"]),
     cluster("events.k8s.io", "events", &["create", "patch"]),
     cluster(
         "monitoring.coreos.com",
         "servicemonitors",
-        &["get", "create", "patch", "delete"],
+        &["get", "list", "watch", "create", "patch", "delete"],
     ),
     ApiAccess {
         group: "coordination.k8s.io",

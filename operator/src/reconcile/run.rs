@@ -15,11 +15,15 @@ use clap::Args;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use serde::de::DeserializeOwned;
 
+use super::cache::{Cache, Stores, owned_watch, reflect};
 use super::leader::Elector;
 use super::{Config, Context, error_policy, reconcile};
 use crate::metrics::OperatorMetrics;
@@ -216,12 +220,40 @@ pub async fn run(
     metrics.leader.set(1);
     tracing::info!(target: "ballast::operator", identity = %identity, "leading: reconciling InferenceServices");
 
-    let (isvcs, deployments) = match &args.namespace {
-        Some(ns) => (
-            Api::<InferenceService>::namespaced(client.clone(), ns),
-            Api::<Deployment>::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
+    // `--namespace`, or every namespace.
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ns = args.namespace.as_deref();
+    // One watch per owned kind feeds the store reconciles read and triggers a reconcile of
+    // the owner when an object changes (a deleted Service is put back at once). Every
+    // Deployment is watched, as the Controller's `owns` did: an owned one a user relabelled
+    // must still be found, or its size would be taken for a new service's. Pods are
+    // watched only for the store: a reconcile reads them each period.
+    let (deployments, deployment_events) =
+        reflect(api::<Deployment>(&client, ns), watcher::Config::default());
+    let (services, service_events) = reflect(api::<Service>(&client, ns), owned_watch());
+    let (pdbs, pdb_events) = reflect(api::<PodDisruptionBudget>(&client, ns), owned_watch());
+    let (pods, pod_events) = reflect(api::<Pod>(&client, ns), owned_watch());
+    tokio::spawn(pod_events.for_each(|event| async move {
+        if let Err(e) = event {
+            tracing::debug!(target: "ballast::operator", error = %e, "pod watch");
+        }
+    }));
+    let stores = Stores {
+        deployments,
+        pods,
+        services,
+        pdbs,
     };
     let recorder = Recorder::new(
         client.clone(),
@@ -230,23 +262,29 @@ pub async fn run(
             instance: Some(identity.clone()),
         },
     );
-    let ctx = Context::new(
+    let ctx = Context::with_cache(
         client.clone(),
+        Cache::with_stores(client.clone(), stores, args.namespace.clone()),
         Config {
             default_engine_image: args.engine_image.clone(),
         },
         Arc::clone(&metrics),
         recorder,
     );
-    let controller = Controller::new(isvcs, watcher::Config::default())
-        .owns(deployments, watcher::Config::default())
-        .graceful_shutdown_on(stopped(stop_rx.clone()))
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(target: "ballast::operator", error = %e, "controller event");
-            }
-        });
+    let controller = Controller::new(
+        api::<InferenceService>(&client, ns),
+        watcher::Config::default(),
+    )
+    .owns_stream(deployment_events)
+    .owns_stream(service_events)
+    .owns_stream(pdb_events)
+    .graceful_shutdown_on(stopped(stop_rx.clone()))
+    .run(reconcile, error_policy, ctx)
+    .for_each(|result| async move {
+        if let Err(e) = result {
+            tracing::debug!(target: "ballast::operator", error = %e, "controller event");
+        }
+    });
     let lost = async {
         match &elector {
             Some(e) => e.hold().await,

@@ -1,20 +1,119 @@
-//! Steps 3–4 glue: scrape targets from the ready pods, the decision core's input from what
-//! was fetched and scraped, and what a decision means for pods (rotation, deletion cost).
-//! Pure: the decision itself is `crate::decide`, unchanged.
+//! Step 3: what this reconcile will make true. The shared control period
+//! ([`ControlPeriod`](crate::period::ControlPeriod): scrape → aggregate → decide →
+//! record) runs on the snapshot's ready pods when it is due, or decides again on its last
+//! signals when the spec changed since its last decision; the plan is the replica count
+//! to run and, from the decision, the pods' rotation, deletion costs and DP weights. The
+//! helpers are pure.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use ballast_crds::InferenceService;
 
-use super::fetch::Observed;
-use crate::decide::{DecideInput, RebalancePlan};
+use super::context::{Context, ServiceState, Wanted};
+use super::snapshot::Snapshot;
+use super::validate::Valid;
+use crate::decide::{DpWeights, Outcome, RebalancePlan};
+use crate::period::{Period, Replicas};
 use crate::scrape::Target;
 use crate::signals::FleetSignals;
 
+/// What the rest of the reconcile makes true.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    /// The resource.
+    pub isvc: &'a InferenceService,
+    /// Step 1's snapshot.
+    pub snapshot: Snapshot,
+    /// The size the service runs now.
+    pub current: i32,
+    /// The size to run, and the generation of the spec it was decided on.
+    pub wanted: Wanted,
+    /// This reconcile's decision (most reconciles between periods have none).
+    pub outcome: Option<Outcome>,
+    /// Pods whose accepting condition must change: in rotation (true) or out.
+    pub rotation: Vec<(String, bool)>,
+    /// Deletion costs to set before a scale-down.
+    pub deletion_costs: Vec<(String, i32)>,
+    /// DP weights to set.
+    pub dp_weights: Vec<DpWeights>,
+}
+
+/// What the control period learns of the pods: the size, the ready pods' endpoints, how
+/// many start, and which are out of rotation.
+pub fn replicas(isvc: &InferenceService, snapshot: &Snapshot) -> Replicas {
+    Replicas {
+        current: snapshot.current_replicas(isvc),
+        targets: targets(isvc, snapshot),
+        starting: snapshot.counts().starting.max(0) as usize,
+        out_of_rotation: snapshot.out_of_rotation(),
+    }
+}
+
+/// Step 3: runs the control period if due (or decides again for a changed spec) and
+/// plans the changes.
+pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>) -> Plan<'a> {
+    let Valid { isvc, snapshot } = valid;
+    let ready = snapshot.ready_pods();
+    state.period.retain(|pod| ready.contains_key(pod));
+    let replicas = replicas(isvc, &snapshot);
+    let generation = isvc.metadata.generation;
+    let decided = if state.period.due(Instant::now()) {
+        match state.period.run(&isvc.spec, &replicas, &ctx.metrics).await {
+            Period::Seeded(_) => None,
+            Period::Decided { fleet, outcome } => Some((fleet, *outcome)),
+        }
+    } else if state.wanted.is_some_and(|w| w.generation != generation) {
+        state.period.redecide(&isvc.spec, &replicas, &ctx.metrics)
+    } else {
+        None
+    };
+    let (fleet, outcome) = match decided {
+        Some((fleet, outcome)) => {
+            state.wanted = Some(Wanted {
+                replicas: outcome.desired_replicas,
+                generation,
+            });
+            (fleet, Some(outcome))
+        }
+        None => (FleetSignals::default(), None),
+    };
+    let current = replicas.current;
+    // Before this process's first decision (a new leader seeding its rates), the size is
+    // what the previous one applied, for the generation its status named.
+    let wanted = state.wanted.unwrap_or(Wanted {
+        replicas: current,
+        generation: isvc
+            .status
+            .as_ref()
+            .and_then(|s| s.observed_generation)
+            .or(generation),
+    });
+    let rebalance = outcome
+        .as_ref()
+        .map(|o| o.rebalance.clone())
+        .unwrap_or_default();
+    let deletion_costs = if wanted.replicas < current {
+        deletion_costs(&snapshot, &fleet)
+    } else {
+        Vec::new()
+    };
+    Plan {
+        isvc,
+        current,
+        wanted,
+        rotation: rotation(&snapshot, &rebalance),
+        deletion_costs,
+        dp_weights: rebalance.dp_weights,
+        outcome,
+        snapshot,
+    }
+}
+
 /// Every ready pod's metrics endpoint, on its pod IP (never the Service's cluster IP).
-pub fn targets(isvc: &InferenceService, observed: &Observed) -> Vec<Target> {
+pub fn targets(isvc: &InferenceService, snapshot: &Snapshot) -> Vec<Target> {
     let port = isvc.spec.engine.port;
-    observed
+    snapshot
         .ready_pods()
         .values()
         .filter_map(|p| {
@@ -29,33 +128,11 @@ pub fn targets(isvc: &InferenceService, observed: &Observed) -> Vec<Target> {
         .collect()
 }
 
-/// The decision core's input: the spec, the replica count last applied, what is out of
-/// rotation (read from the pods, level-triggered) and the DP weights set on live pods.
-pub fn input(
-    isvc: &InferenceService,
-    observed: &Observed,
-    fleet: FleetSignals,
-    dp_weights: &BTreeMap<String, Vec<f64>>,
-) -> DecideInput {
-    let current = observed
-        .deployment_replicas()
-        .unwrap_or_else(|| isvc.spec.initial_replicas());
-    let mut input = DecideInput::new(&isvc.spec, current, fleet);
-    input.out_of_rotation = observed.out_of_rotation();
-    let ready = observed.ready_pods();
-    input.dp_weights = dp_weights
-        .iter()
-        .filter(|(pod, _)| ready.contains_key(pod.as_str()))
-        .map(|(pod, w)| (pod.clone(), w.clone()))
-        .collect();
-    input
-}
-
 /// The accepting condition each ready pod should have after `plan`, for the pods whose
 /// condition must change: taken out → false, restored → true, a new pod (no condition yet)
 /// → true unless taken out now.
-pub fn rotation(observed: &Observed, plan: &RebalancePlan) -> Vec<(String, bool)> {
-    observed
+pub fn rotation(snapshot: &Snapshot, plan: &RebalancePlan) -> Vec<(String, bool)> {
+    snapshot
         .ready_pods()
         .values()
         .filter_map(|p| {
@@ -75,7 +152,7 @@ pub fn rotation(observed: &Observed, plan: &RebalancePlan) -> Vec<(String, bool)
 /// its latest sample), so the Deployment removes the least-loaded first. Only pods whose
 /// annotation differs are returned; pods without a sample are left alone (the Deployment
 /// already prefers pods that are not ready).
-pub fn deletion_costs(observed: &Observed, fleet: &FleetSignals) -> Vec<(String, i32)> {
+pub fn deletion_costs(snapshot: &Snapshot, fleet: &FleetSignals) -> Vec<(String, i32)> {
     let load: BTreeMap<&str, f64> = fleet
         .replicas
         .iter()
@@ -86,7 +163,7 @@ pub fn deletion_costs(observed: &Observed, fleet: &FleetSignals) -> Vec<(String,
             )
         })
         .collect();
-    observed
+    snapshot
         .ready_pods()
         .values()
         .filter_map(|p| {
@@ -101,7 +178,7 @@ pub fn deletion_costs(observed: &Observed, fleet: &FleetSignals) -> Vec<(String,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::fetch::PodView;
+    use crate::reconcile::snapshot::PodView;
     use crate::signals::ReplicaSignals;
 
     fn pod(name: &str, accepting: Option<bool>, cost: Option<&str>) -> PodView {
@@ -151,8 +228,7 @@ mod tests {
 
     #[test]
     fn targets_are_pod_ips_and_the_engine_port() {
-        let o = Observed {
-            deployment: None,
+        let o = Snapshot {
             pods: vec![
                 pod("a", Some(true), None),
                 PodView {
@@ -164,6 +240,7 @@ mod tests {
                     ..pod("c", None, None)
                 },
             ],
+            ..Snapshot::default()
         };
         let t = targets(&isvc("{model: {source: x}, engine: {port: 8080}}"), &o);
         let urls: Vec<&str> = t.iter().map(|t| t.base_url.as_str()).collect();
@@ -172,8 +249,7 @@ mod tests {
 
     #[test]
     fn rotation_changes_only_what_must_change() {
-        let o = Observed {
-            deployment: None,
+        let o = Snapshot {
             pods: vec![
                 pod("hot", Some(true), None),
                 pod("cool", Some(false), None),
@@ -181,6 +257,7 @@ mod tests {
                 pod("steady", Some(true), None),
                 pod("out", Some(false), None),
             ],
+            ..Snapshot::default()
         };
         let plan = RebalancePlan {
             take_out: vec!["hot".into()],
@@ -201,13 +278,13 @@ mod tests {
 
     #[test]
     fn deletion_costs_follow_load_and_skip_unchanged() {
-        let o = Observed {
-            deployment: None,
+        let o = Snapshot {
             pods: vec![
                 pod("busy", Some(true), None),
                 pod("idle", Some(true), Some("0")),
                 pod("unknown", Some(true), None),
             ],
+            ..Snapshot::default()
         };
         let signals = |name: &str, running: f64, waiting: f64| ReplicaSignals {
             name: name.into(),

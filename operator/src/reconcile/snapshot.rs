@@ -1,16 +1,19 @@
-//! Step 1: what the cluster holds for a service: its Deployment and its pods, each pod
-//! reduced to what the later steps need ([`PodView`]). The classification is pure and
-//! tested on plain `Pod` values.
+//! Step 1: what the cluster holds for a service, read from the caches (see [`Cache`]):
+//! its Deployment, Service, PodDisruptionBudget and ServiceMonitor (or that its CRD is not
+//! installed), and its pods, each reduced to what the later steps need ([`PodView`]).
+//! The classification is pure and tested on plain `Pod` values.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use ballast_crds::InferenceService;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use kube::Api;
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
 
-use super::build::{ACCEPTING_CONDITION, DELETION_COST};
-use crate::labels;
+use super::cache::{Cache, MonitorState};
+use super::names::{ACCEPTING_CONDITION, DELETION_COST};
 use crate::status::ReplicaCounts;
 
 /// One engine pod.
@@ -187,21 +190,46 @@ impl PodView {
 }
 
 /// The service's objects as the cluster holds them.
-#[derive(Debug, Clone, Default)]
-pub struct Observed {
+#[derive(Debug, Clone)]
+pub struct Snapshot {
     /// The engine Deployment, when it exists.
-    pub deployment: Option<Deployment>,
+    pub deployment: Option<Arc<Deployment>>,
+    /// Its Service, when it exists.
+    pub service: Option<Arc<Service>>,
+    /// Its PodDisruptionBudget, when it exists.
+    pub pdb: Option<Arc<PodDisruptionBudget>>,
+    /// Whether ServiceMonitors can exist, and its own.
+    pub service_monitor: MonitorState,
     /// Its pods, by name.
     pub pods: Vec<PodView>,
 }
 
-impl Observed {
+impl Default for Snapshot {
+    fn default() -> Self {
+        Snapshot {
+            deployment: None,
+            service: None,
+            pdb: None,
+            service_monitor: MonitorState::NotInstalled,
+            pods: Vec::new(),
+        }
+    }
+}
+
+impl Snapshot {
     /// The replica count last applied to the Deployment.
     pub fn deployment_replicas(&self) -> Option<i32> {
         self.deployment
             .as_ref()
             .and_then(|d| d.spec.as_ref())
             .and_then(|s| s.replicas)
+    }
+
+    /// The size the service runs now: the Deployment's, or for a new service the size
+    /// its spec starts with.
+    pub fn current_replicas(&self, isvc: &InferenceService) -> i32 {
+        self.deployment_replicas()
+            .unwrap_or_else(|| isvc.spec.initial_replicas())
     }
 
     /// Pods by state: ready (serving), starting, leaving, and accepting (ready and in
@@ -258,20 +286,24 @@ impl Observed {
     }
 }
 
-/// Reads the Deployment (same name as the service) and the pods its selector matches.
-pub async fn fetch(
-    deployments: &Api<Deployment>,
-    pods: &Api<Pod>,
-    name: &str,
-) -> Result<Observed, kube::Error> {
-    let deployment = deployments.get_opt(name).await?;
-    let selector = labels::selector(name);
-    let list = pods.list(&ListParams::default().labels(&selector)).await?;
-    let mut views: Vec<PodView> = list.items.iter().map(PodView::of).collect();
-    views.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Observed {
-        deployment,
-        pods: views,
+/// Step 1: reads the service's objects (same name as the service) and the pods its
+/// selector matches.
+pub async fn read(cache: &Cache, isvc: &InferenceService) -> Result<Snapshot, kube::Error> {
+    let ns = isvc.namespace().unwrap_or_default();
+    let name = isvc.name_any();
+    let mut pods: Vec<PodView> = cache
+        .pods(&ns, &name)
+        .await?
+        .iter()
+        .map(|p| PodView::of(p))
+        .collect();
+    pods.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Snapshot {
+        deployment: cache.deployment(&ns, &name).await?,
+        service: cache.service(&ns, &name).await?,
+        pdb: cache.pdb(&ns, &name).await?,
+        service_monitor: cache.service_monitor(&ns, &name).await?,
+        pods,
     })
 }
 
@@ -329,9 +361,9 @@ mod tests {
             pod("f", &[("ContainersReady", "True")], ip, true),
             pod("g", &[("ContainersReady", "True")], None, false),
         ];
-        let o = Observed {
-            deployment: None,
+        let o = Snapshot {
             pods: pods.iter().map(PodView::of).collect(),
+            ..Snapshot::default()
         };
         assert_eq!(
             o.counts(),
@@ -466,8 +498,7 @@ mod tests {
 
     #[test]
     fn start_failures_skip_leaving_pods_and_put_the_most_actionable_first() {
-        let o = Observed {
-            deployment: None,
+        let o = Snapshot {
             pods: [
                 pod_json(
                     "a",
@@ -489,6 +520,7 @@ mod tests {
             .iter()
             .map(PodView::of)
             .collect(),
+            ..Snapshot::default()
         };
         let names: Vec<&str> = o
             .start_failures()

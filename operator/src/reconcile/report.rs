@@ -1,13 +1,29 @@
-//! Step 7: the resource's status, written by server-side apply on the status subresource
-//! only when it changed, and Events for the decisions that changed something.
+//! Step 6: the resource's status, written by server-side apply on the status subresource
+//! only when it changed, the operator's gauges, and Events: for each decision that changed
+//! something, for `Degraded` turning True (or False again after pods could not run), and
+//! for a spec that turned invalid.
+//!
+//! A status describes the cluster as it is: the pods counted as they are (also while the
+//! spec is invalid: the pods built before keep serving), `desiredReplicas` with the
+//! `observedGeneration` of the spec it was decided on, and `updatedReplicas`, the pods that
+//! run the Deployment's latest pod template.
 
 use ballast_crds::{Decision, InferenceService, InferenceServiceStatus};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::apply::FIELD_MANAGER;
-use super::fetch::Observed;
+use super::apply::Applied;
+use super::context::Context;
+use super::error::Error;
+use super::names::FIELD_MANAGER;
+use super::snapshot::Snapshot;
+use super::validate::Invalid;
+use crate::period;
 use crate::status::{self, ConditionSet, ReplicaCounts, StatusParts};
 
 /// What the new status is made of.
@@ -29,6 +45,15 @@ pub struct NewStatus<'a> {
     pub now: Time,
 }
 
+/// What a status says about how far the cluster got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// `observedGeneration`: the spec `desiredReplicas` was decided on.
+    pub generation: Option<i64>,
+    /// `updatedReplicas`: pods running the latest pod template.
+    pub updated: i32,
+}
+
 /// Two decisions that differ only in their time are the same decision: keeping the older
 /// one means an idle, unchanged resource gets no status write every period.
 fn same_decision(a: &Decision, b: &Decision) -> bool {
@@ -41,10 +66,20 @@ fn same_decision(a: &Decision, b: &Decision) -> bool {
     }
 }
 
-/// The status the resource should have.
+/// The status the resource should have, when `desired` was decided on its current spec
+/// and every pod that is not leaving runs the latest pod template.
 pub fn status(n: NewStatus<'_>) -> InferenceServiceStatus {
+    let progress = Progress {
+        generation: n.isvc.metadata.generation,
+        updated: n.counts.ready + n.counts.starting,
+    };
+    status_at(n, progress)
+}
+
+/// The status the resource should have, at `progress`.
+pub fn status_at(n: NewStatus<'_>, progress: Progress) -> InferenceServiceStatus {
     let live = n.isvc.status.clone().unwrap_or_default();
-    let generation = n.isvc.metadata.generation;
+    let generation = progress.generation;
     let mut conditions: Vec<Condition> = live.conditions.clone();
     for c in n
         .conditions
@@ -69,6 +104,7 @@ pub fn status(n: NewStatus<'_>) -> InferenceServiceStatus {
         name: n.isvc.metadata.name.as_deref().unwrap_or_default(),
         generation,
         counts: n.counts,
+        updated: progress.updated,
         desired: n.desired,
         last_scale_time,
         conditions: &conditions,
@@ -81,15 +117,15 @@ pub fn status(n: NewStatus<'_>) -> InferenceServiceStatus {
 /// pods), and a message naming the pod, container, kubelet reason and message (and how
 /// the container last exited), with how many pods fail. `None` when every pod runs or
 /// starts normally.
-pub fn start_failure_condition(observed: &Observed) -> Option<ConditionSet<'static>> {
-    let failing = observed.start_failures();
+pub fn start_failure_condition(snapshot: &Snapshot) -> Option<ConditionSet<'static>> {
+    let failing = snapshot.start_failures();
     let (pod, first) = failing.first()?;
     let mut message = first.describe(&pod.name);
     if failing.len() > 1 {
         message.push_str(&format!(
             "; {} of {} pods cannot run",
             failing.len(),
-            observed.live_pods()
+            snapshot.live_pods()
         ));
     }
     Some(ConditionSet {
@@ -157,6 +193,156 @@ pub async fn write(
     )
     .await?;
     Ok(true)
+}
+
+/// Pods (not leaving) that run the Deployment's latest pod template, as the Deployment
+/// controller counts them (`status.updatedReplicas`), once it has seen the Deployment's
+/// latest generation; 0 before that (it has not started a rollout of that spec yet, or
+/// one that only changes the size, for the moment it takes to notice).
+pub fn updated_replicas(deployment: Option<&Deployment>) -> i32 {
+    let Some(d) = deployment else { return 0 };
+    let Some(s) = d.status.as_ref() else { return 0 };
+    let seen = match (d.metadata.generation, s.observed_generation) {
+        (Some(g), Some(o)) => o >= g,
+        (Some(_), None) => false,
+        (None, _) => true,
+    };
+    if seen {
+        s.updated_replicas.unwrap_or(0).max(0)
+    } else {
+        0
+    }
+}
+
+/// Step 6 for a valid spec: the status (with the decision's conditions and `Degraded`
+/// from the pods), its Events, and the gauges.
+pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
+    let Applied { plan, deployment } = applied;
+    let isvc = plan.isvc;
+    let ns = isvc.namespace().unwrap_or_default();
+    let name = isvc.name_any();
+    let now = Time(Timestamp::now());
+    let counts = plan.snapshot.counts();
+    let outcome = plan.outcome.as_ref();
+    let mut conditions = outcome.map(period::conditions).unwrap_or_default();
+    // Pods that cannot run (image, container creation, crash loop) make it Degraded; a
+    // spec that was invalid and pods that recovered turn it False again, or it would stay.
+    let live_degraded = live_condition(isvc, "Degraded");
+    let degraded = degraded_condition(live_degraded, start_failure_condition(&plan.snapshot));
+    // An Event when Degraded turns True or changes reason, or recovers from pods that
+    // could not run (not when only the message moves, as back-off times do).
+    let degraded_event = degraded.as_ref().and_then(|c| {
+        let flipped = live_degraded.is_none_or(|l| (l.status == "True") != c.status);
+        let changed = flipped || live_degraded.is_some_and(|l| l.reason != c.reason);
+        match (c.status, changed) {
+            (true, true) => Some((EventType::Warning, c.reason, c.message.clone())),
+            (false, true) if c.reason == "EnginesRunning" => {
+                Some((EventType::Normal, c.reason, c.message.clone()))
+            }
+            _ => None,
+        }
+    });
+    conditions.extend(degraded);
+    let desired = plan.wanted.replicas;
+    let s = status_at(
+        NewStatus {
+            isvc,
+            counts,
+            desired,
+            decision: outcome.map(|o| o.to_status_decision(now.0.to_string())),
+            conditions,
+            scaled: desired != plan.current,
+            now,
+        },
+        Progress {
+            generation: plan.wanted.generation,
+            updated: updated_replicas(deployment.as_deref()),
+        },
+    );
+    let wrote = write(&Api::namespaced(ctx.client.clone(), &ns), isvc, &s).await?;
+    ctx.count_write(&ns, &name, "status", wrote);
+    if let (true, Some((type_, reason, message))) = (wrote, degraded_event) {
+        ctx.event(isvc, type_, reason, message).await;
+    }
+    if let Some(o) = outcome.filter(|o| o.action != ballast_crds::Action::Hold) {
+        ctx.event(
+            isvc,
+            EventType::Normal,
+            o.reason.as_str(),
+            o.message.clone(),
+        )
+        .await;
+    }
+    period::record_state(
+        &ctx.metrics,
+        &ns,
+        &name,
+        counts,
+        desired,
+        &isvc.spec.autoscaling,
+        &s.conditions,
+    );
+    Ok(())
+}
+
+/// Step 6 for an invalid spec: `Degraded=True` and `ScalingActive=False` with reason
+/// `InvalidSpec` and every broken rule, one Warning Event when that is new; the pods are
+/// counted as they run, and `desiredReplicas` stays the Deployment's size (nothing is
+/// built, nothing is scaled).
+pub async fn invalid(ctx: &Context, invalid: Invalid<'_>) -> Result<(), Error> {
+    let message = invalid.message();
+    let Invalid { isvc, snapshot, .. } = invalid;
+    let ns = isvc.namespace().unwrap_or_default();
+    let name = isvc.name_any();
+    let counts = snapshot.counts();
+    let desired = snapshot.deployment_replicas().unwrap_or(0);
+    // One Event per invalid spec, not one per status write (pods still change).
+    let new = live_condition(isvc, "Degraded")
+        .is_none_or(|c| c.status != "True" || c.reason != "InvalidSpec" || c.message != message);
+    let s = status_at(
+        NewStatus {
+            isvc,
+            counts,
+            desired,
+            decision: None,
+            conditions: vec![
+                ConditionSet {
+                    type_: "ScalingActive",
+                    status: false,
+                    reason: "InvalidSpec",
+                    message: message.clone(),
+                },
+                ConditionSet {
+                    type_: "Degraded",
+                    status: true,
+                    reason: "InvalidSpec",
+                    message: message.clone(),
+                },
+            ],
+            scaled: false,
+            now: Time(Timestamp::now()),
+        },
+        Progress {
+            generation: isvc.metadata.generation,
+            updated: updated_replicas(snapshot.deployment.as_deref()),
+        },
+    );
+    let wrote = write(&Api::namespaced(ctx.client.clone(), &ns), isvc, &s).await?;
+    ctx.count_write(&ns, &name, "status", wrote);
+    if wrote && new {
+        ctx.event(isvc, EventType::Warning, "InvalidSpec", message)
+            .await;
+    }
+    period::record_state(
+        &ctx.metrics,
+        &ns,
+        &name,
+        counts,
+        desired,
+        &isvc.spec.autoscaling,
+        &s.conditions,
+    );
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,341 @@
+//! Where reconciles read the cluster from: the reflector stores of what the operator owns
+//! (Deployments, Services, PodDisruptionBudgets, engine pods, ServiceMonitors), kept
+//! current by watches, so a settled InferenceService costs the API server no request at
+//! all; and whether the ServiceMonitor CRD is installed, asked of the discovery API once
+//! and then again every [`DISCOVERY_REFRESH`], or at once after a ServiceMonitor call
+//! answered 404.
+//!
+//! A store is read only once its watch has listed everything (it is *ready*); a reconcile
+//! waits up to [`STORE_SYNC_WAIT`] for that. After it, and in a [`Cache`] made without
+//! stores (kube's mock API server in tests), reads go to the API server: a GET per object,
+//! a LIST for the pods.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DynamicObject, ListParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::names::{SERVICE_MONITOR_API, owned_selector, service_monitor_resource};
+use crate::labels;
+
+/// How long an answer of the discovery API about the ServiceMonitor CRD is kept: a
+/// Prometheus Operator installed after Ballast gets its ServiceMonitors within this. The
+/// answer is shared by every InferenceService, so this costs the API server one discovery
+/// read per interval, whatever the size of the fleet.
+pub const DISCOVERY_REFRESH: Duration = Duration::from_secs(10);
+
+/// How long a reconcile waits for a store that has not synced before it reads the API
+/// server instead (a watch that cannot list: RBAC, an overloaded API server).
+pub const STORE_SYNC_WAIT: Duration = Duration::from_secs(10);
+
+/// The reflector stores a running operator reads.
+#[derive(Clone)]
+pub struct Stores {
+    /// Every Deployment the Controller watches (an owned one without its labels must
+    /// still be found, or its replica count would be taken for a new one's).
+    pub deployments: Store<Deployment>,
+    /// Engine pods (the operator's label).
+    pub pods: Store<Pod>,
+    /// Services the operator owns.
+    pub services: Store<Service>,
+    /// PodDisruptionBudgets the operator owns.
+    pub pdbs: Store<PodDisruptionBudget>,
+}
+
+/// Watcher settings of the owned kinds: only what the operator labelled, without
+/// `managedFields` (kept out of memory; nothing compares them).
+pub fn owned_watch() -> watcher::Config {
+    watcher::Config::default().labels(&owned_selector())
+}
+
+/// A watch of `api` feeding a new store, as a stream of applied objects for the
+/// Controller (which polls it, keeping the store current), and the store.
+pub fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|o: &mut K| o.managed_fields_mut().clear())
+        .reflect(writer)
+        .applied_objects();
+    (store, stream)
+}
+
+/// Whether `store` has listed everything once.
+fn ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
+/// The ServiceMonitor CRD as last discovered, and a store of the operator's
+/// ServiceMonitors while it is installed.
+#[derive(Default)]
+struct Monitors {
+    /// When discovery last answered, and whether the CRD was installed.
+    checked: Option<(Instant, bool)>,
+    /// The store and the task that keeps it (dropped, and so stopped, with the CRD).
+    watch: Option<(Store<DynamicObject>, tokio::task::JoinHandle<()>)>,
+}
+
+impl Drop for Monitors {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.watch.take() {
+            task.abort();
+        }
+    }
+}
+
+/// What the ServiceMonitor CRD's presence means for a service.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MonitorState {
+    /// The CRD is not installed: no ServiceMonitor is built or read.
+    NotInstalled,
+    /// Installed; the service's ServiceMonitor as the cluster holds it, if any.
+    Installed(Option<Arc<DynamicObject>>),
+}
+
+/// The reads of every reconcile.
+pub struct Cache {
+    client: Client,
+    /// `None`: read through the API.
+    stores: Option<Stores>,
+    /// Where the ServiceMonitor watch looks (`None`: every namespace).
+    namespace: Option<String>,
+    monitors: tokio::sync::Mutex<Monitors>,
+}
+
+impl Cache {
+    /// Reads through the API only.
+    pub fn api(client: Client) -> Self {
+        Self {
+            client,
+            stores: None,
+            namespace: None,
+            monitors: Default::default(),
+        }
+    }
+
+    /// Reads from `stores` once they are ready; ServiceMonitors are watched in
+    /// `namespace` (`None`: every namespace) while their CRD is installed.
+    pub fn with_stores(client: Client, stores: Stores, namespace: Option<String>) -> Self {
+        Self {
+            client,
+            stores: Some(stores),
+            namespace,
+            monitors: Default::default(),
+        }
+    }
+
+    /// A store to read `K` from, when there is one and it is ready. A store that has not
+    /// listed everything yet (an operator that just became leader) is waited for, up to
+    /// [`STORE_SYNC_WAIT`]: its watch is driven by the Controller alongside this reconcile
+    /// and lists within a round trip, so a new leader reads its caches, not the API.
+    async fn store<'a, K>(
+        &'a self,
+        pick: impl Fn(&'a Stores) -> &'a Store<K>,
+    ) -> Option<&'a Store<K>>
+    where
+        K: kube::runtime::reflector::Lookup + Clone + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone,
+    {
+        let store = self.stores.as_ref().map(pick)?;
+        if ready(store) {
+            return Some(store);
+        }
+        match tokio::time::timeout(STORE_SYNC_WAIT, store.wait_until_ready()).await {
+            Ok(Ok(())) => Some(store),
+            _ => None,
+        }
+    }
+
+    async fn object<K>(
+        &self,
+        store: Option<&Store<K>>,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<K>>, kube::Error>
+    where
+        K: Resource<DynamicType = ()>
+            + kube::runtime::reflector::Lookup<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + 'static,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match store {
+            Some(s) => Ok(s.get(&ObjectRef::new(name).within(namespace))),
+            None => Ok(Api::<K>::namespaced(self.client.clone(), namespace)
+                .get_opt(name)
+                .await?
+                .map(Arc::new)),
+        }
+    }
+
+    /// The Deployment `namespace/name`.
+    pub async fn deployment(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Deployment>>, kube::Error> {
+        self.object(self.store(|s| &s.deployments).await, namespace, name)
+            .await
+    }
+
+    /// The Service `namespace/name`.
+    pub async fn service(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Service>>, kube::Error> {
+        self.object(self.store(|s| &s.services).await, namespace, name)
+            .await
+    }
+
+    /// The PodDisruptionBudget `namespace/name`.
+    pub async fn pdb(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<PodDisruptionBudget>>, kube::Error> {
+        self.object(self.store(|s| &s.pdbs).await, namespace, name)
+            .await
+    }
+
+    /// The engine pods of service `name` in `namespace` (its selector's labels).
+    pub async fn pods(&self, namespace: &str, name: &str) -> Result<Vec<Arc<Pod>>, kube::Error> {
+        let selector = labels::selector_labels(name);
+        if let Some(store) = self.store(|s| &s.pods).await {
+            return Ok(store.state_filter(|p| {
+                p.namespace().as_deref() == Some(namespace)
+                    && selector.iter().all(|(k, v)| p.labels().get(k) == Some(v))
+            }));
+        }
+        let list = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .list(&ListParams::default().labels(&labels::selector(name)))
+            .await?;
+        Ok(list.items.into_iter().map(Arc::new).collect())
+    }
+
+    /// Whether the ServiceMonitor CRD is installed, and if so the service's ServiceMonitor.
+    pub async fn service_monitor(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<MonitorState, kube::Error> {
+        let mut m = self.monitors.lock().await;
+        let installed = match m.checked {
+            Some((at, installed)) if at.elapsed() < DISCOVERY_REFRESH => installed,
+            _ => {
+                let installed = self.discover().await?;
+                m.checked = Some((Instant::now(), installed));
+                installed
+            }
+        };
+        if !installed {
+            if let Some((_, task)) = m.watch.take() {
+                task.abort();
+            }
+            return Ok(MonitorState::NotInstalled);
+        }
+        if m.watch.is_none() && self.stores.is_some() {
+            m.watch = Some(self.watch_monitors());
+        }
+        if let Some((store, _)) = m.watch.as_ref().filter(|(s, _)| ready(s)) {
+            let key = ObjectRef::new_with(name, service_monitor_resource()).within(namespace);
+            return Ok(MonitorState::Installed(store.get(&key)));
+        }
+        drop(m);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &service_monitor_resource());
+        match api.get_opt(name).await {
+            Ok(o) => Ok(MonitorState::Installed(o.map(Arc::new))),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                // Not the object (that is `Ok(None)`): the resource itself is gone.
+                self.service_monitors_gone().await;
+                Ok(MonitorState::NotInstalled)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A ServiceMonitor call answered 404 for the resource: the CRD may be gone, so the
+    /// next reconcile asks discovery again.
+    pub async fn service_monitors_gone(&self) {
+        self.monitors.lock().await.checked = None;
+    }
+
+    /// Asks the discovery API whether `monitoring.coreos.com/v1` serves ServiceMonitors.
+    async fn discover(&self) -> Result<bool, kube::Error> {
+        match self
+            .client
+            .list_api_group_resources(SERVICE_MONITOR_API)
+            .await
+        {
+            Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicemonitors")),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Starts watching the operator's ServiceMonitors into a new store.
+    fn watch_monitors(&self) -> (Store<DynamicObject>, tokio::task::JoinHandle<()>) {
+        let ar = service_monitor_resource();
+        let api: Api<DynamicObject> = match &self.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        };
+        let writer = reflector::store::Writer::new(ar);
+        let store = writer.as_reader();
+        let stream = watcher(api, owned_watch())
+            .default_backoff()
+            .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
+            .reflect(writer);
+        let task = tokio::spawn(async move {
+            stream
+                .for_each(|event| async move {
+                    if let Err(e) = event {
+                        tracing::debug!(target: "ballast::operator", error = %e, "ServiceMonitor watch");
+                    }
+                })
+                .await;
+        });
+        (store, task)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::store::Writer;
+
+    #[test]
+    fn a_store_is_ready_once_it_listed_everything() {
+        let mut w: Writer<Pod> = Writer::default();
+        let s = w.as_reader();
+        assert!(!ready(&s));
+        w.apply_watcher_event(&watcher::Event::Init);
+        assert!(!ready(&s), "still listing");
+        w.apply_watcher_event(&watcher::Event::InitDone);
+        assert!(ready(&s));
+    }
+}
