@@ -1,6 +1,8 @@
 //! `ballast engine` flags and the validated configuration built from them.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 use clap::builder::BoolishValueParser;
@@ -102,9 +104,18 @@ pub struct EngineArgs {
     #[arg(long, env = "BALLAST_MAX_MODEL_LEN", value_name = "N")]
     pub max_model_len: Option<usize>,
 
-    /// Requests allowed to wait before new ones get HTTP 429 (reason max_num_queued_reqs).
-    #[arg(long, env = "BALLAST_MAX_QUEUED_REQUESTS", value_name = "N")]
-    pub max_queued_requests: Option<usize>,
+    /// Requests allowed to wait before new ones get HTTP 429 (reason max_num_queued_reqs),
+    /// or `unlimited`. The default is four full batches of the default --max-num-seqs:
+    /// further back in the queue a request would wait minutes for its first token, and a
+    /// 429 lets the client or router try another replica at once.
+    #[arg(
+        long,
+        env = "BALLAST_MAX_QUEUED_REQUESTS",
+        value_name = "N",
+        default_value = "1024",
+        value_parser = queue_limit
+    )]
+    pub max_queued_requests: QueueLimit,
 
     /// Prompt tokens allowed to wait before new requests get HTTP 429 (reason
     /// max_num_queued_tokens).
@@ -240,6 +251,129 @@ pub struct EngineArgs {
         default_value_t = 600.0
     )]
     pub drain_timeout: f64,
+
+    /// File of API keys, one a line (several, so a key can be rotated): `/v1/*` then
+    /// requires `Authorization: Bearer KEY`. Re-read every 2 s when its content changes
+    /// (a mounted Kubernetes Secret); a missing or empty file at start is an error.
+    #[arg(
+        long,
+        env = "BALLAST_API_KEY_FILE",
+        value_name = "PATH",
+        conflicts_with = "api_key"
+    )]
+    pub api_key_file: Option<PathBuf>,
+
+    /// One API key, as vLLM's --api-key. Prefer the environment variable or
+    /// --api-key-file: a flag's value is visible to every user of the machine (`ps`).
+    #[arg(
+        long,
+        env = "BALLAST_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<SecretArg>,
+
+    /// Require the API key on `/metrics` too (open by default, so a scraper needs no key;
+    /// `/health` is always open). Needs --api-key or --api-key-file.
+    #[arg(long, env = "BALLAST_METRICS_REQUIRE_KEY", value_parser = BoolishValueParser::new())]
+    pub metrics_require_key: bool,
+
+    /// Most open HTTP connections. At the limit the connection that has waited longest
+    /// for a request (idle, or still sending its head) is closed to make room, so slow
+    /// clients cannot lock others out; lowered at start to what the open-files limit allows.
+    #[arg(
+        long,
+        env = "BALLAST_MAX_CONNECTIONS",
+        value_name = "N",
+        default_value_t = 4096
+    )]
+    pub max_connections: usize,
+
+    /// Seconds a client has to send a whole request head: from the connection's start, or
+    /// from the first byte after an idle wait. Bounds slow-loris clients.
+    #[arg(
+        long,
+        env = "BALLAST_HTTP_HEADER_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 10.0
+    )]
+    pub http_header_timeout: f64,
+
+    /// Seconds a client has to send a whole request body, from the end of its head
+    /// (HTTP 408 after that).
+    #[arg(
+        long,
+        env = "BALLAST_HTTP_BODY_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 60.0
+    )]
+    pub http_body_timeout: f64,
+
+    /// Seconds a kept-alive connection may sit idle between requests before it is closed;
+    /// longer than the 90 s idle pools of common HTTP clients, so they close first.
+    #[arg(
+        long,
+        env = "BALLAST_HTTP_IDLE_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 120.0
+    )]
+    pub http_idle_timeout: f64,
+}
+
+/// `--max-queued-requests`: a number of requests, or no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueLimit {
+    /// At most this many (at least 1).
+    At(usize),
+    /// `unlimited`.
+    Unlimited,
+}
+
+impl QueueLimit {
+    /// The limit, `None` when unlimited.
+    pub fn get(self) -> Option<usize> {
+        match self {
+            QueueLimit::At(n) => Some(n),
+            QueueLimit::Unlimited => None,
+        }
+    }
+}
+
+fn queue_limit(s: &str) -> Result<QueueLimit, String> {
+    if s.eq_ignore_ascii_case("unlimited") {
+        return Ok(QueueLimit::Unlimited);
+    }
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (or `unlimited`)".into()),
+        Ok(n) => Ok(QueueLimit::At(n)),
+        Err(_) => Err("expected a number of requests or `unlimited`".into()),
+    }
+}
+
+/// A secret given on the command line or in the environment: its `Debug` never shows it,
+/// so printing the flags (`{:?}`) cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretArg(String);
+
+impl SecretArg {
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SecretArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretArg(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for SecretArg {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(SecretArg(s.to_string()))
+    }
 }
 
 impl Default for EngineArgs {
@@ -299,6 +433,169 @@ fn seconds(flag: &'static str, secs: f64) -> Result<std::time::Duration, ConfigE
         .map_err(|_| bad(flag, format!("{secs} seconds is too long")))
 }
 
+/// A positive, finite number of seconds as a duration (a timeout: zero would refuse every
+/// client, so it is refused too).
+fn timeout(flag: &'static str, secs: f64) -> Result<Duration, ConfigError> {
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(bad(flag, "must be a positive number of seconds"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| bad(flag, format!("{secs} seconds is too long")))
+}
+
+/// One API key: printable ASCII without spaces (it travels in an HTTP header). Its `Debug`
+/// never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(Box<[u8]>);
+
+impl ApiKey {
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Longest accepted key, far above any generated key and far below the header limit.
+pub const MAX_API_KEY_BYTES: usize = 4096;
+
+/// Largest key file read: a file beyond it is not a key file.
+pub const MAX_API_KEY_FILE_BYTES: u64 = 1 << 20;
+
+/// Why a key or a key file cannot be used. The messages never show a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// No key at all.
+    #[error("holds no key (one key a line)")]
+    Empty,
+    /// A key with a byte that cannot be sent as a bearer token.
+    #[error(
+        "line {line}: a key must be printable ASCII without spaces (it is sent in an HTTP header)"
+    )]
+    BadByte {
+        /// 1-based line.
+        line: usize,
+    },
+    /// A key longer than [`MAX_API_KEY_BYTES`].
+    #[error("line {line}: a key must have at most {MAX_API_KEY_BYTES} bytes")]
+    TooLong {
+        /// 1-based line.
+        line: usize,
+    },
+    /// The file is larger than [`MAX_API_KEY_FILE_BYTES`].
+    #[error("is larger than {MAX_API_KEY_FILE_BYTES} bytes: not a key file")]
+    TooLarge,
+    /// The file cannot be read.
+    #[error("cannot be read: {0}")]
+    Unreadable(String),
+}
+
+/// Parses key-file text: one key a line; surrounding whitespace (and a CR before the LF)
+/// is trimmed and blank lines are skipped.
+pub fn parse_api_keys(text: &[u8]) -> Result<Vec<ApiKey>, KeyError> {
+    let mut keys = Vec::new();
+    for (i, line) in text.split(|&b| b == b'\n').enumerate() {
+        let key = line.trim_ascii();
+        if key.is_empty() {
+            continue;
+        }
+        if !key.iter().all(|b| b.is_ascii_graphic()) {
+            return Err(KeyError::BadByte { line: i + 1 });
+        }
+        if key.len() > MAX_API_KEY_BYTES {
+            return Err(KeyError::TooLong { line: i + 1 });
+        }
+        keys.push(ApiKey(key.into()));
+    }
+    if keys.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    Ok(keys)
+}
+
+/// Reads and parses a key file (at most [`MAX_API_KEY_FILE_BYTES`]); also returns the raw
+/// bytes, so a poller can tell when they change.
+pub fn read_api_key_file(path: &std::path::Path) -> Result<(Vec<u8>, Vec<ApiKey>), KeyError> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_API_KEY_FILE_BYTES + 1).read_to_end(&mut text))
+        .map_err(|e| KeyError::Unreadable(e.to_string()))?;
+    if text.len() as u64 > MAX_API_KEY_FILE_BYTES {
+        return Err(KeyError::TooLarge);
+    }
+    let keys = parse_api_keys(&text)?;
+    Ok((text, keys))
+}
+
+/// Where the API keys come from. Its `Debug` shows how many keys, never their text.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ApiKeys {
+    /// No key: the API is open to whoever reaches the port.
+    None,
+    /// `--api-key` / `BALLAST_API_KEY`: one key for the life of the process.
+    Fixed(Vec<ApiKey>),
+    /// `--api-key-file`: the keys read at start; the server re-reads the file.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Its content at start.
+        text: Vec<u8>,
+        /// Its keys at start.
+        keys: Vec<ApiKey>,
+    },
+}
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiKeys::None => f.write_str("None"),
+            ApiKeys::Fixed(keys) => write!(f, "Fixed({} key, redacted)", keys.len()),
+            ApiKeys::File { path, keys, .. } => f
+                .debug_struct("File")
+                .field("path", path)
+                .field("keys", &format_args!("{} keys, redacted", keys.len()))
+                .finish(),
+        }
+    }
+}
+
+impl ApiKeys {
+    /// Whether any key is required.
+    pub fn required(&self) -> bool {
+        !matches!(self, ApiKeys::None)
+    }
+}
+
+/// Limits of the HTTP server (docs/security.md says why each default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// `--max-connections` as given (the server lowers it to what the open-files limit
+    /// allows).
+    pub max_connections: usize,
+    /// `--http-header-timeout`.
+    pub header_timeout: Duration,
+    /// `--http-body-timeout`.
+    pub body_timeout: Duration,
+    /// `--http-idle-timeout`.
+    pub idle_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_connections: 4096,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
 /// Default KV memory per rank when `--num-kv-blocks` is not given.
 const DEFAULT_KV_BYTES: usize = 256 << 20;
 
@@ -340,6 +637,12 @@ pub struct EngineConfig {
     pub drain_timeout: std::time::Duration,
     /// Statistics and logging.
     pub stats: StatsConfig,
+    /// The keys `/v1/*` requires.
+    pub api_keys: ApiKeys,
+    /// Whether `/metrics` requires a key too.
+    pub metrics_require_key: bool,
+    /// Limits of the HTTP server.
+    pub http: HttpLimits,
 }
 
 /// How the engine computes and publishes statistics.
@@ -390,10 +693,10 @@ impl EngineConfig {
             }
             model.max_model_len = len;
         }
-        if a.max_queued_requests == Some(0) {
+        if a.max_queued_requests == QueueLimit::At(0) {
             return Err(bad(
                 "max-queued-requests",
-                "must be at least 1 (omit it for no limit)",
+                "must be at least 1 (or `unlimited`)",
             ));
         }
         if a.max_queued_tokens == Some(0) {
@@ -480,6 +783,22 @@ impl EngineConfig {
             ));
         }
         let enable_prefix_caching = a.enable_prefix_caching && !a.no_enable_prefix_caching;
+        let api_keys = api_keys(a)?;
+        if a.metrics_require_key && !api_keys.required() {
+            return Err(bad(
+                "metrics-require-key",
+                "needs a key to require: give --api-key-file or --api-key",
+            ));
+        }
+        if a.max_connections == 0 {
+            return Err(bad("max-connections", "must be at least 1"));
+        }
+        let http = HttpLimits {
+            max_connections: a.max_connections,
+            header_timeout: timeout("http-header-timeout", a.http_header_timeout)?,
+            body_timeout: timeout("http-body-timeout", a.http_body_timeout)?,
+            idle_timeout: timeout("http-idle-timeout", a.http_idle_timeout)?,
+        };
         Ok(Self {
             served_model_name: a
                 .served_model_name
@@ -499,7 +818,7 @@ impl EngineConfig {
                 enable_prefix_caching,
             },
             admission: AdmissionLimits {
-                max_queued_requests: a.max_queued_requests,
+                max_queued_requests: a.max_queued_requests.get(),
                 max_queued_tokens: a.max_queued_tokens,
             },
             max_running_per_tenant: a.max_running_per_tenant,
@@ -515,6 +834,9 @@ impl EngineConfig {
                 kv_residency_sample: a.kv_cache_metrics.then_some(a.kv_cache_metrics_sample),
                 otlp_traces_endpoint: a.otlp_traces_endpoint.clone(),
             },
+            api_keys,
+            metrics_require_key: a.metrics_require_key,
+            http,
             model,
             source,
             backend,
@@ -524,6 +846,44 @@ impl EngineConfig {
     /// Longest accepted sequence.
     pub fn max_model_len(&self) -> usize {
         self.scheduler.max_model_len
+    }
+}
+
+/// The API keys the flags name. Never falls back to no key when one was meant: an empty
+/// key, an empty `BALLAST_API_KEY` or a missing or empty key file are errors.
+fn api_keys(a: &EngineArgs) -> Result<ApiKeys, ConfigError> {
+    if let Some(path) = &a.api_key_file {
+        let (text, keys) = read_api_key_file(path)
+            .map_err(|e| bad("api-key-file", format!("{}: {e}", path.display())))?;
+        return Ok(ApiKeys::File {
+            path: path.clone(),
+            text,
+            keys,
+        });
+    }
+    let given = match &a.api_key {
+        Some(key) => Some(key.expose().to_string()),
+        // clap treats an empty variable as unset; here that would mean no authentication
+        // for a deployment whose Secret came out empty.
+        None => std::env::var_os("BALLAST_API_KEY").map(|v| v.to_string_lossy().into_owned()),
+    };
+    match given {
+        None => Ok(ApiKeys::None),
+        Some(key) if key.contains('\n') => Err(bad(
+            "api-key",
+            "holds one key; give several in --api-key-file",
+        )),
+        Some(key) => match parse_api_keys(key.as_bytes()) {
+            Ok(keys) => Ok(ApiKeys::Fixed(keys)),
+            Err(KeyError::Empty) => Err(bad(
+                "api-key",
+                "is empty (BALLAST_API_KEY set but empty?); give a key, or no --api-key for an open API",
+            )),
+            Err(e) => Err(bad(
+                "api-key",
+                e.to_string().trim_start_matches("line 1: ").to_string(),
+            )),
+        },
     }
 }
 
@@ -616,6 +976,206 @@ mod tests {
     }
 
     #[test]
+    fn the_queue_has_a_finite_default_and_can_be_unlimited() {
+        let c = EngineConfig::from_args(&parse(&[])).unwrap();
+        assert_eq!(c.admission.max_queued_requests, Some(1024));
+        assert_eq!(c.admission.max_queued_tokens, None);
+        let c = EngineConfig::from_args(&parse(&["--max-queued-requests", "unlimited"])).unwrap();
+        assert_eq!(c.admission.max_queued_requests, None);
+        let c = EngineConfig::from_args(&parse(&["--max-queued-requests", "7"])).unwrap();
+        assert_eq!(c.admission.max_queued_requests, Some(7));
+        for bad in ["0", "-1", "lots", ""] {
+            let e = Cli::try_parse_from(["engine".into(), format!("--max-queued-requests={bad}")])
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert!(e.to_string().contains("--max-queued-requests"), "{e}");
+        }
+    }
+
+    #[test]
+    fn http_limits_default_and_refuse_what_cannot_work() {
+        let c = EngineConfig::from_args(&parse(&[])).unwrap();
+        assert_eq!(c.http, HttpLimits::default());
+        assert_eq!(c.http.max_connections, 4096);
+        assert_eq!(c.http.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.http.body_timeout, Duration::from_secs(60));
+        assert_eq!(c.http.idle_timeout, Duration::from_secs(120));
+        let c = EngineConfig::from_args(&parse(&[
+            "--max-connections",
+            "10",
+            "--http-header-timeout",
+            "0.5",
+            "--http-body-timeout",
+            "2",
+            "--http-idle-timeout",
+            "3",
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.http,
+            HttpLimits {
+                max_connections: 10,
+                header_timeout: Duration::from_millis(500),
+                body_timeout: Duration::from_secs(2),
+                idle_timeout: Duration::from_secs(3),
+            }
+        );
+        for flag in [
+            "http-header-timeout",
+            "http-body-timeout",
+            "http-idle-timeout",
+        ] {
+            for bad in ["0", "-1", "NaN", "inf", "1e300"] {
+                let e =
+                    EngineConfig::from_args(&parse(&[&format!("--{flag}={bad}")])).expect_err(bad);
+                assert_eq!(e.flag, flag, "{bad}: {e}");
+            }
+        }
+        let e = EngineConfig::from_args(&parse(&["--max-connections", "0"])).unwrap_err();
+        assert_eq!(e.flag, "max-connections");
+    }
+
+    fn key_file(name: &str, text: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ballast-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn api_keys_come_from_the_flag_or_the_file() {
+        let c = EngineConfig::from_args(&parse(&[])).unwrap();
+        assert_eq!(c.api_keys, ApiKeys::None);
+        assert!(!c.api_keys.required());
+        let c = EngineConfig::from_args(&parse(&["--api-key", " sk-one "])).unwrap();
+        match &c.api_keys {
+            ApiKeys::Fixed(keys) => {
+                assert_eq!(keys.len(), 1);
+                assert_eq!(keys[0].as_bytes(), b"sk-one", "trimmed");
+            }
+            other => panic!("{other:?}"),
+        }
+        let path = key_file("two.keys", b"sk-old\r\n\n  sk-new  \n");
+        let c = EngineConfig::from_args(&parse(&[
+            "--api-key-file",
+            path.to_str().unwrap(),
+            "--metrics-require-key",
+        ]))
+        .unwrap();
+        assert!(c.metrics_require_key);
+        match &c.api_keys {
+            ApiKeys::File { keys, .. } => {
+                let keys: Vec<&[u8]> = keys.iter().map(ApiKey::as_bytes).collect();
+                assert_eq!(keys, [&b"sk-old"[..], b"sk-new"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            Cli::try_parse_from(["engine", "--api-key", "a", "--api-key-file", "/x"]).is_err(),
+            "one source of keys"
+        );
+    }
+
+    #[test]
+    fn bad_keys_and_key_files_name_the_flag_and_never_the_key() {
+        let secret = "sk-SECRET-VALUE";
+        let cases: Vec<(Vec<String>, &str, &str)> = vec![
+            (
+                vec!["--api-key-file".into(), "/no/such/ballast.keys".into()],
+                "api-key-file",
+                "/no/such/ballast.keys: cannot be read",
+            ),
+            (
+                vec![
+                    "--api-key-file".into(),
+                    key_file("empty.keys", b" \n\n").display().to_string(),
+                ],
+                "api-key-file",
+                "holds no key",
+            ),
+            (
+                vec![
+                    "--api-key-file".into(),
+                    key_file("bad.keys", format!("{secret}\n{secret} x\n").as_bytes())
+                        .display()
+                        .to_string(),
+                ],
+                "api-key-file",
+                "line 2: a key must be printable ASCII",
+            ),
+            (
+                vec![
+                    "--api-key-file".into(),
+                    key_file("utf8.keys", "sk-\u{e9}\n".as_bytes())
+                        .display()
+                        .to_string(),
+                ],
+                "api-key-file",
+                "line 1",
+            ),
+            (vec!["--api-key".into(), " ".into()], "api-key", "is empty"),
+            (
+                vec!["--api-key".into(), format!("{secret} {secret}")],
+                "api-key",
+                "printable ASCII",
+            ),
+            (
+                vec!["--api-key".into(), format!("{secret}\n{secret}")],
+                "api-key",
+                "holds one key",
+            ),
+            (
+                vec!["--api-key".into(), "k".repeat(MAX_API_KEY_BYTES + 1)],
+                "api-key",
+                "at most",
+            ),
+        ];
+        for (args, flag, needle) in cases {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let e = EngineConfig::from_args(&parse(&args)).unwrap_err();
+            assert_eq!(e.flag, flag, "{args:?}");
+            let text = e.to_string();
+            assert!(text.contains(needle), "{args:?}: {text}");
+            assert!(!text.contains(secret), "{text}");
+        }
+    }
+
+    #[test]
+    fn debug_output_never_shows_a_key() {
+        let secret = "sk-DEBUG-SECRET";
+        let args = parse(&["--api-key", secret]);
+        let c = EngineConfig::from_args(&args).unwrap();
+        let path = key_file("debug.keys", secret.as_bytes());
+        let f =
+            EngineConfig::from_args(&parse(&["--api-key-file", path.to_str().unwrap()])).unwrap();
+        // The key as text, and as the list of bytes a derived `Debug` of bytes would print.
+        let as_bytes = format!("{:?}", secret.as_bytes());
+        let as_bytes = as_bytes.trim_matches(['[', ']']);
+        for text in [format!("{args:?}"), format!("{c:?}"), format!("{f:?}")] {
+            assert!(!text.contains(secret), "{text}");
+            assert!(!text.contains(as_bytes), "{text}");
+        }
+        assert!(format!("{f:?}").contains("redacted"));
+    }
+
+    #[test]
+    fn key_file_text_parses_line_by_line() {
+        let keys = parse_api_keys(b"a\n\n\tb\t\r\nc").unwrap();
+        assert_eq!(
+            keys.iter().map(ApiKey::as_bytes).collect::<Vec<_>>(),
+            [&b"a"[..], b"b", b"c"]
+        );
+        assert_eq!(parse_api_keys(b""), Err(KeyError::Empty));
+        assert_eq!(parse_api_keys(b"\r\n \n"), Err(KeyError::Empty));
+        assert_eq!(
+            parse_api_keys(b"ok\nnot ok\n"),
+            Err(KeyError::BadByte { line: 2 })
+        );
+        assert_eq!(parse_api_keys(b"\x00"), Err(KeyError::BadByte { line: 1 }));
+    }
+
+    #[test]
     fn prefix_caching_can_be_turned_off() {
         let c = EngineConfig::from_args(&parse(&["--no-enable-prefix-caching"])).unwrap();
         assert!(!c.scheduler.enable_prefix_caching);
@@ -643,7 +1203,7 @@ mod tests {
             (&["--data-parallel-size", "0"], "data-parallel-size"),
             (&["--model", "synthetic:nope"], "model"),
             (&["--max-model-len", "99999"], "max-model-len"),
-            (&["--max-queued-requests", "0"], "max-queued-requests"),
+            (&["--metrics-require-key"], "metrics-require-key"),
             (&["--log-stats-interval", "0"], "log-stats-interval"),
         ];
         for (args, flag) in cases {

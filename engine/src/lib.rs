@@ -62,6 +62,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let config = EngineConfig::from_args(&args)?;
+    // Before anything opens files: the connection cap is sized from this limit.
+    server::conn::raise_open_files_limit();
     let addr = std::net::SocketAddr::new(config.host, config.port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -119,6 +119,20 @@ impl ApiError {
         }
     }
 
+    /// 408 for a body that did not arrive within `--http-body-timeout`.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request body did not arrive within {} s (--http-body-timeout)",
+                limit.as_secs_f64()
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: "request_timeout",
+        }
+    }
+
     /// 429 at the front door.
     pub fn rejected(reason: RejectReason) -> Self {
         Self {
@@ -179,6 +193,13 @@ impl IntoResponse for ApiError {
             axum::http::header::CONTENT_TYPE,
             axum::http::HeaderValue::from_static("application/json"),
         );
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body is not read: the connection cannot carry another request.
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         if self.status == StatusCode::TOO_MANY_REQUESTS
             || self.status == StatusCode::SERVICE_UNAVAILABLE
         {

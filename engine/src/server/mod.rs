@@ -1,25 +1,26 @@
 //! The OpenAI-compatible HTTP frontend: `/v1/completions`, `/v1/chat/completions`,
-//! `/v1/models`, `/health`, `/metrics`; and the SIGTERM shutdown (delay, then drain).
+//! `/v1/models`, `/health`, `/metrics`; API keys; the connection limits and timeouts; and
+//! the SIGTERM shutdown (delay, then drain).
 
+pub mod auth;
+pub mod conn;
 pub mod error;
 mod generate;
 mod http_metrics;
 pub mod protocol;
 
-use std::future::IntoFuture;
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Uri, header};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::StreamExt;
+use http_body::Body as _;
 use serde_json::json;
-use tokio::sync::oneshot;
 
 pub use error::ApiError;
 use generate::{Endpoint, Job, unix_now};
@@ -41,18 +42,37 @@ const API_ROUTES: [(&str, &str); 3] = [
     ("/v1/models", "GET"),
 ];
 
-/// The HTTP routes over `engine`.
+/// The HTTP routes over `engine`. With API keys configured, `/v1/*` (and `/metrics` with
+/// `--metrics-require-key`) answers 401 without a right key; with `--api-key-file` the
+/// file is re-read while the router lives (see [`auth::Auth::new`]).
 pub fn router(engine: Engine) -> Router {
     engine.metrics().prepare_http(&API_ROUTES);
+    let cfg = engine.config();
+    let auth = auth::Auth::new(&cfg.api_keys, cfg.metrics_require_key);
+    let fallback_auth = auth.clone();
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
+        // An unknown `/v1/` path needs the key too, so only a caller with one learns
+        // which routes exist.
+        .fallback(move |uri: Uri, headers: HeaderMap| async move {
+            if fallback_auth.guards(uri.path())
+                && let Err(refusal) = fallback_auth.check(&headers)
+            {
+                return refusal.into_response();
+            }
+            ApiError::no_route(uri.path()).into_response()
+        })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Inside the metrics layer: a refused request is counted with its 401.
+        .route_layer(axum::middleware::from_fn_with_state(
+            auth,
+            auth::require_key,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             engine.clone(),
             http_metrics::track,
@@ -76,27 +96,35 @@ pub fn router(engine: Engine) -> Router {
 ///    busy ones close after their response; in-flight requests finish, or are aborted after
 ///    `--drain-timeout`;
 /// 3. the connections close, the rank threads stop, and it returns.
+///
+/// Throughout, connections are served with the limits of [`conn`]: `--max-connections`,
+/// the header and idle timeouts, and (in the handlers) the body timeout.
 pub async fn serve(
     engine: Engine,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(engine.clone());
-    let listener = SharedListener(Arc::new(listener));
-    // Two servers take turns on one listening socket: the first serves until the drain
-    // begins and then closes its connections (idle ones at once); the second takes over
-    // the socket for the drain, so a late connection is answered (503, `Connection:
-    // close`) rather than refused, and is not kept alive.
-    let (stop_serving, serving_stopped) = oneshot::channel::<()>();
-    let mut serving = tokio::spawn(
-        axum::serve(listener.clone(), app.clone())
-            .with_graceful_shutdown(async {
-                let _ = serving_stopped.await;
-            })
-            .into_future(),
+    let cfg = engine.config();
+    // One accept loop serves every phase: at the drain the connections open then are
+    // closed (idle ones at once), while later ones are still accepted and answered (503,
+    // `Connection: close`) rather than refused.
+    let connections = conn::Connections::start(listener, app, &cfg.http);
+    tracing::info!(
+        max_connections = connections.cap(),
+        header_timeout_s = cfg.http.header_timeout.as_secs_f64(),
+        body_timeout_s = cfg.http.body_timeout.as_secs_f64(),
+        idle_timeout_s = cfg.http.idle_timeout.as_secs_f64(),
+        api_keys = match &cfg.api_keys {
+            crate::config::ApiKeys::None => "none: the API is open",
+            crate::config::ApiKeys::Fixed(_) => "--api-key",
+            crate::config::ApiKeys::File { .. } => "--api-key-file",
+        },
+        metrics_require_key = cfg.metrics_require_key,
+        "HTTP server limits"
     );
     shutdown.await;
-    let delay = engine.config().shutdown_delay;
+    let delay = cfg.shutdown_delay;
     if !delay.is_zero() {
         engine.advance_shutdown(ShutdownPhase::Delaying);
         tracing::info!(
@@ -111,31 +139,13 @@ pub async fn serve(
         in_flight = engine.in_flight(),
         "draining: new requests get 503, idle connections are closed, in-flight requests finish"
     );
-    let (stop_draining, draining_stopped) = oneshot::channel::<()>();
-    let mut draining = tokio::spawn(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = draining_stopped.await;
-            })
-            .into_future(),
-    );
-    let _ = stop_serving.send(());
+    connections.close_open();
     drain(&engine).await;
-    let _ = stop_draining.send(());
-    let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
-    for (name, task) in [("serving", &mut serving), ("draining", &mut draining)] {
-        match tokio::time::timeout_at(deadline, &mut *task).await {
-            Ok(Ok(result)) => result?,
-            Ok(Err(e)) => return Err(std::io::Error::other(e)),
-            Err(_) => {
-                tracing::warn!(
-                    server = name,
-                    grace = ?CLOSE_GRACE,
-                    "connections still open after the drain; closing them"
-                );
-                task.abort();
-            }
-        }
+    if connections.stop(CLOSE_GRACE).await? {
+        tracing::warn!(
+            grace = ?CLOSE_GRACE,
+            "connections still open after the drain; closing them"
+        );
     }
     tracing::info!("connections closed; stopping the engine");
     tokio::task::spawn_blocking(move || engine.shutdown())
@@ -162,40 +172,6 @@ async fn drain(engine: &Engine) {
     tracing::info!("drained");
 }
 
-/// One listening socket shared by the servers of [`serve`]'s phases.
-#[derive(Clone)]
-struct SharedListener(Arc<tokio::net::TcpListener>);
-
-impl axum::serve::Listener for SharedListener {
-    type Io = tokio::net::TcpStream;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.0.accept().await {
-                Ok(conn) => return conn,
-                // The peer gave up before we accepted: nothing to do.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::ConnectionAborted
-                            | std::io::ErrorKind::ConnectionReset
-                            | std::io::ErrorKind::ConnectionRefused
-                    ) => {}
-                // Out of file descriptors, most likely: wait for some to be closed.
-                Err(e) => {
-                    tracing::error!("accept error: {e}");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
-
 /// Middleware: from the shutdown signal on, every HTTP/1 response carries `Connection:
 /// close`, so hyper closes the connection after it and the client's next request opens a
 /// new one, which the Service sends to another replica. (HTTP/2 has no such header; its
@@ -216,28 +192,45 @@ async fn close_when_shutting_down(
     resp
 }
 
-async fn completions(
-    State(engine): State<Engine>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn completions(State(engine): State<Engine>, headers: HeaderMap, body: Body) -> Response {
     respond(&engine, &headers, body, Endpoint::Completions).await
 }
 
 async fn chat_completions(
     State(engine): State<Engine>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     respond(&engine, &headers, body, Endpoint::Chat).await
 }
 
-async fn respond(
-    engine: &Engine,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-    endpoint: Endpoint,
-) -> Response {
+/// Reads a request body whole: at most [`MAX_BODY_BYTES`] (413 beyond, at once when the
+/// declared length is over), within `timeout` of the handler's start (408 after it, so a
+/// client trickling its body cannot hold a connection and a task for ever).
+async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
+    if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    let collect = async {
+        let mut frames = body.into_data_stream();
+        let mut whole: Vec<u8> = Vec::new();
+        while let Some(chunk) = frames.next().await {
+            let chunk = chunk
+                .map_err(|e| ApiError::malformed(format!("cannot read the request body: {e}")))?;
+            if whole.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(ApiError::too_large(MAX_BODY_BYTES));
+            }
+            whole.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(whole))
+    };
+    tokio::time::timeout(timeout, collect)
+        .await
+        .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout)))
+}
+
+async fn respond(engine: &Engine, headers: &HeaderMap, body: Body, endpoint: Endpoint) -> Response {
+    let body = read_body(body, engine.config().http.body_timeout).await;
     // Arrival is stamped before parsing and tokenization, as the metrics contract requires.
     let arrival = (std::time::SystemTime::now(), std::time::Instant::now());
     let mut job = match prepare(engine, headers, body, endpoint, arrival) {
@@ -276,7 +269,7 @@ async fn respond_job(engine: &Engine, job: Job) -> Response {
 fn prepare(
     engine: &Engine,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, ApiError>,
     endpoint: Endpoint,
     arrival: (std::time::SystemTime, std::time::Instant),
 ) -> Result<Job, ApiError> {
@@ -286,12 +279,7 @@ fn prepare(
             "draining",
         ));
     }
-    let body = body.map_err(|e| match e {
-        BytesRejection::FailedToBufferBody(_) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::too_large(MAX_BODY_BYTES)
-        }
-        other => ApiError::malformed(other.body_text()),
-    })?;
+    let body = body?;
     let f = Fields::parse(&body)?;
     let cfg = engine.config();
     let served = cfg.served_model_name.as_str();
