@@ -27,7 +27,9 @@ use rayon::prelude::*;
 
 use super::cpu::CpuTensor;
 
+mod kpanel;
 mod panel;
+use kpanel::KPanels;
 use panel::Panels;
 pub use panel::available as panel_kernel_available;
 
@@ -303,6 +305,8 @@ enum Storage {
     Rows(SharedBytes),
     /// Sixteen rows interleaved per panel for the AVX-512 kernel ([`QuantMatrix::to_panels`]).
     Panels(Arc<Panels>),
+    /// The same for Q5_0, Q5_1 and the k-quants (the `kpanel` module).
+    KPanels(Arc<KPanels>),
 }
 
 /// Why bytes cannot be a quantized matrix.
@@ -366,12 +370,15 @@ impl QuantMatrix {
     /// blocks. A panel matrix is returned as it is.
     pub fn to_panels(&self) -> Self {
         match &self.storage {
-            Storage::Rows(_) if !self.format.is_legacy() => self.clone(),
+            Storage::Rows(bytes) if kpanel::handles(self.format) => Self {
+                storage: Storage::KPanels(Arc::new(KPanels::pack(self, bytes.as_slice()))),
+                ..self.clone()
+            },
             Storage::Rows(bytes) => Self {
                 storage: Storage::Panels(Arc::new(Panels::pack(self, bytes.as_slice()))),
                 ..self.clone()
             },
-            Storage::Panels(_) => self.clone(),
+            Storage::Panels(_) | Storage::KPanels(_) => self.clone(),
         }
     }
 
@@ -387,7 +394,7 @@ impl QuantMatrix {
 
     /// Whether the blocks are repacked into panels.
     pub fn is_panels(&self) -> bool {
-        matches!(self.storage, Storage::Panels(_))
+        matches!(self.storage, Storage::Panels(_) | Storage::KPanels(_))
     }
 
     /// Quantizes a row-major `[rows, cols]` f32 matrix (for tests and benchmarks; model files
@@ -464,6 +471,7 @@ impl QuantMatrix {
         match &self.storage {
             Storage::Rows(bytes) => bytes.as_slice(),
             Storage::Panels(p) => p.bytes(),
+            Storage::KPanels(p) => p.bytes(),
         }
     }
 
@@ -472,6 +480,7 @@ impl QuantMatrix {
         let rows = match &self.storage {
             Storage::Rows(bytes) => bytes.as_slice(),
             Storage::Panels(p) => return p.dequantize_row(self.format, r, out),
+            Storage::KPanels(p) => return p.dequantize_row(self.format, r, out),
         };
         let rb = self.row_bytes();
         let row = &rows[r * rb..(r + 1) * rb];
@@ -657,6 +666,8 @@ pub struct Q8Rows {
     pub s: Vec<f32>,
     /// `Σq` of each block.
     pub sums: Vec<i32>,
+    /// `Σq` of the first 16 values of each block (for weights with a scale per 16).
+    pub sums_lo: Vec<i32>,
 }
 
 impl Q8Rows {
@@ -670,6 +681,7 @@ impl Q8Rows {
             d: vec![0.0; nb],
             s: vec![0.0; nb],
             sums: vec![0; nb],
+            sums_lo: vec![0; nb],
         };
         let simd = use_simd(QuantKernel::Auto);
         type Block<'a> = (&'a mut [i8], ((&'a mut f32, &'a mut f32), &'a mut i32));
@@ -699,6 +711,9 @@ impl Q8Rows {
             blocks.into_par_iter().with_min_len(256).for_each(work);
         } else {
             blocks.for_each(work);
+        }
+        for (lo, qs) in out.sums_lo.iter_mut().zip(out.qs.chunks_exact(BLOCK)) {
+            *lo = qs[..BLOCK / 2].iter().map(|&q| i32::from(q)).sum();
         }
         out
     }
@@ -1272,10 +1287,18 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
         return out;
     }
     let ptr = OutPtr(out.data.as_mut_ptr());
-    if let Storage::Panels(p) = &w.storage {
-        let act = Q8Rows::quantize(x);
-        panel::matmuls(&act, &[(w, p, ptr)], kernel == QuantKernel::Portable);
-        return out;
+    match &w.storage {
+        Storage::Panels(p) => {
+            let act = Q8Rows::quantize(x);
+            panel::matmuls(&act, &[(w, p, ptr)], kernel == QuantKernel::Portable);
+            return out;
+        }
+        Storage::KPanels(p) => {
+            let act = Q8Rows::quantize(x);
+            kpanel::matmuls(&act, &[(w, p, ptr)], kernel == QuantKernel::Portable);
+            return out;
+        }
+        Storage::Rows(_) => {}
     }
     let gemm = match kernel {
         QuantKernel::Auto => m >= GEMM_ROWS,
@@ -1329,21 +1352,15 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
 /// Several products of the same `x` (Q, K and V; gate and up): `x` is quantized once and
 /// all of them share one parallel pass. Same results as calling [`matmul`] on each.
 pub fn matmul_many(x: &CpuTensor, ws: &[&QuantMatrix], kernel: QuantKernel) -> Vec<CpuTensor> {
-    let panels: Vec<&Arc<Panels>> = ws
-        .iter()
-        .filter_map(|w| match &w.storage {
-            Storage::Panels(p) => Some(p),
-            Storage::Rows(_) => None,
-        })
-        .collect();
-    let together = if panels.is_empty() {
+    let panels = ws.iter().filter(|w| w.is_panels()).count();
+    let together = if panels == 0 {
         match kernel {
             QuantKernel::Auto => x.rows < GEMM_ROWS,
             QuantKernel::Gemm => false,
             QuantKernel::Int8 | QuantKernel::Portable => true,
         }
     } else {
-        panels.len() == ws.len()
+        panels == ws.len()
     };
     if !together || x.rows == 0 {
         return ws.iter().map(|w| matmul(x, w, kernel)).collect();
@@ -1360,14 +1377,25 @@ pub fn matmul_many(x: &CpuTensor, ws: &[&QuantMatrix], kernel: QuantKernel) -> V
         })
         .collect();
     let act = Q8Rows::quantize(x);
-    if !panels.is_empty() {
-        let jobs: Vec<(&QuantMatrix, &Panels, OutPtr)> = ws
-            .iter()
-            .zip(panels)
-            .zip(outs.iter_mut())
-            .map(|((w, p), o)| (*w, &**p, OutPtr(o.data.as_mut_ptr())))
-            .collect();
-        panel::matmuls(&act, &jobs, kernel == QuantKernel::Portable);
+    if panels > 0 {
+        // Matrices of both panel layouts (a Q4_K_M file mixes Q8_0, Q5_0 and Q6_K in Q, K
+        // and V): one pass per layout over the same quantized activations.
+        let (mut old, mut new) = (Vec::new(), Vec::new());
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            let out = OutPtr(o.data.as_mut_ptr());
+            match &w.storage {
+                Storage::Panels(p) => old.push((*w, &**p, out)),
+                Storage::KPanels(p) => new.push((*w, &**p, out)),
+                Storage::Rows(_) => unreachable!("all are panels"),
+            }
+        }
+        let portable = kernel == QuantKernel::Portable;
+        if !old.is_empty() {
+            panel::matmuls(&act, &old, portable);
+        }
+        if !new.is_empty() {
+            kpanel::matmuls(&act, &new, portable);
+        }
         return outs;
     }
     let jobs: Vec<(&QuantMatrix, OutPtr)> = ws
@@ -1609,6 +1637,68 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The AVX-512 panel kernel's tile logic, run on the emulated operations (any CPU), against
+    /// the reference loop over the same panels: every tile shape (1–8 activation rows, one,
+    /// two or four panels at a time, a padded last panel), every new format.
+    #[test]
+    fn emulated_avx512_panel_kernel_matches_the_reference_loop() {
+        let mut rng = SplitMix64::new(99);
+        for format in NEW_FORMATS {
+            for (n, k) in [(37, 256), (80, 512), (16, 1536)] {
+                let w = random_matrix(format, n, k, &mut rng);
+                let p = w.to_panels();
+                let Storage::KPanels(kp) = &p.storage else {
+                    panic!("{format:?} packs into k-panels");
+                };
+                for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17] {
+                    let x = random_x(m, k, &mut rng);
+                    let act = Q8Rows::quantize(&x);
+                    let want = matmul(&x, &p, QuantKernel::Portable);
+                    let mut got = CpuTensor::zeros(m, n);
+                    let out = OutPtr(got.data.as_mut_ptr());
+                    kpanel::emulated_dots(&p, kp, 0..n.div_ceil(16), &act, 0..m, out);
+                    for (i, (w, g)) in want.data.iter().zip(&got.data).enumerate() {
+                        assert!(
+                            (w - g).abs() <= 1e-4 * (1.0 + w.abs()),
+                            "{format:?} n={n} k={k} m={m} [{}, {}]: emulated {g} vs {w}",
+                            i / n,
+                            i % n
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn new_format_panels_dequantize_to_the_same_values_as_rows() {
+        let mut rng = SplitMix64::new(32);
+        for format in NEW_FORMATS {
+            let w = random_matrix(format, 37, 512, &mut rng);
+            let p = w.to_panels();
+            assert!(p.is_panels(), "{format:?}");
+            let (mut want, mut got) = (vec![0.0; 512], vec![0.0; 512]);
+            for r in 0..37 {
+                w.dequantize_row(r, &mut want);
+                p.dequantize_row(r, &mut got);
+                assert_eq!(
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{format:?} row {r}"
+                );
+            }
+            let bits = p.bytes().len() as f64 * 8.0 / (48.0 * 512.0);
+            let extra = match format {
+                QuantFormat::Q4_K | QuantFormat::Q5_K => 0.125, // 6-bit scales as bytes
+                _ => 0.0,
+            };
+            assert!(
+                (bits - format.bits_per_weight() - extra).abs() < 0.01,
+                "{format:?}: {bits} bits per weight in panels"
+            );
         }
     }
 
