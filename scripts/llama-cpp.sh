@@ -11,6 +11,7 @@
 #   scripts/llama-cpp.sh                 # cache in ${BALLAST_LLAMA_CPP_CACHE:-~/.cache/ballast-llama-cpp}
 #   BALLAST_LLAMA_CPP_CACHE=/opt/anchor scripts/llama-cpp.sh
 #   JOBS=4 scripts/llama-cpp.sh          # build parallelism (default: nproc)
+#   LLAMA_CPP_TOOLS=llama-quantize scripts/llama-cpp.sh   # only some of the tools
 #
 # Idempotent: once the three binaries are in place and run, later calls only print the
 # directory. About 15 minutes on 2 cores the first time.
@@ -26,7 +27,9 @@ NINJA_SPEC="ninja==1.13.2"
 VERSION="${SDIST_SPEC##*==}"
 ROOT="${BALLAST_LLAMA_CPP_CACHE:-$HOME/.cache/ballast-llama-cpp}/$VERSION"
 BIN="$ROOT/bin"
-TOOLS=(llama-server llama-bench llama-quantize)
+# LLAMA_CPP_TOOLS builds fewer (quantize-model.sh and CI need only llama-quantize); the build
+# directory is kept, so asking for more later only builds what is missing.
+read -r -a TOOLS <<<"${LLAMA_CPP_TOOLS:-llama-server llama-bench llama-quantize}"
 JOBS="${JOBS:-$(nproc)}"
 
 log() { echo "llama-cpp: $*" >&2; }
@@ -38,7 +41,7 @@ built() {
         [[ -x "$BIN/$t" ]] || return 1
     done
     # `--version` loads no model and exits 0 on a working binary.
-    "$BIN/llama-server" --version >/dev/null 2>&1
+    [[ ! -x "$BIN/llama-server" ]] || "$BIN/llama-server" --version >/dev/null 2>&1
 }
 
 if built; then
@@ -111,6 +114,10 @@ cmake --build "$BUILD" --parallel "$JOBS" --target "${TOOLS[@]}" >"$ROOT/build.l
 # Install under a temporary name and rename, so an interrupted run never leaves a half-filled
 # bin directory that the check above would accept.
 tmp="$(mktemp -d "$ROOT/.bin.XXXXXX")"
+# Tools built by an earlier call stay (they come from the same build directory).
+for t in "$BUILD"/bin/llama-server "$BUILD"/bin/llama-bench "$BUILD"/bin/llama-quantize; do
+    [[ -x "$t" ]] && cp "$t" "$tmp/"
+done
 for t in "${TOOLS[@]}"; do
     cp "$BUILD/bin/$t" "$tmp/$t" || die "$t was not built"
 done
@@ -118,7 +125,7 @@ elapsed=$(( $(date +%s) - start ))
 {
     echo "$SDIST_SPEC (sha256 $SDIST_SHA256), built $(date -u +%FT%TZ) in ${elapsed}s with $JOBS jobs"
     echo "cmake ${CMAKE_FLAGS[*]}"
-    "$tmp/llama-server" --version 2>&1 || true
+    [[ ! -x "$tmp/llama-server" ]] || "$tmp/llama-server" --version 2>&1 || true
 } >"$tmp/BUILD-INFO"
 chmod 0755 "$tmp"
 rm -rf "$BIN"

@@ -20,7 +20,7 @@ die() { log "error: $*"; exit 1; }
 
 [[ $# -ge 1 ]] || die "usage: $0 TYPE... (e.g. Q4_0 Q4_K_M Q5_0 Q5_1 Q6_K)"
 src="$(scripts/fetch-model.sh)"
-bin="$(scripts/llama-cpp.sh)"
+bin="$(LLAMA_CPP_TOOLS="${LLAMA_CPP_TOOLS:-llama-quantize}" scripts/llama-cpp.sh)"
 dir="$(dirname "$src")"
 threads="${THREADS:-$(nproc)}"
 

@@ -1,7 +1,8 @@
 //! Single-stream prefill and decode speed of the default real model (SmolLM2-135M, Q4_1
 //! GGUF) on the CPU backend, with the decode rate as a fraction of the memory-bandwidth
-//! roofline measured in the same run. `scripts/bench-real-model.sh` runs it beside
-//! llama.cpp on the same file.
+//! roofline measured in the same run. `scripts/bench-anchor.sh` and
+//! `scripts/bench-serving-path.sh` run it beside the served engine, so the cost of the
+//! serving path shows in the same run.
 //!
 //! `cargo bench -p ballast-engine --bench real_model [-- PROMPT_TOKENS DECODE_TOKENS]`
 
