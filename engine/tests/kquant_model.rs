@@ -35,13 +35,15 @@ const MARGIN_EPSILON: f32 = 0.1;
 const FIRST_LOGPROB_TOLERANCE: f32 = 0.75;
 
 /// The same at any position of the continuation, where differences compound through the
-/// KV cache. Measured on an AVX2 machine (row kernels): 1.69.
+/// KV cache. Measured: 1.69 with the AVX-512 panel kernels, 1.48 with the row kernels.
 const LOGPROB_TOLERANCE: f32 = 2.0;
 
 /// Share of the positions outside near-ties where Ballast's top-1 must be llama.cpp's token.
-/// The goal is all of them; measured on an AVX2 machine (row kernels): 223 of 229 (97.4 %),
-/// the six misses at llama.cpp margins of 0.10–0.51 (see docs/models.md).
-const DECISIVE_SHARE: f64 = 0.97;
+/// The goal is all of them. Measured on a 2-core AMD EPYC: 223 of 229 (97.4 %) with the
+/// AVX-512 VNNI panel kernels, and the same 223 with the AVX-VNNI and the AVX2 row kernels
+/// (`BALLAST_NO_AVX512`, `BALLAST_NO_VNNI`); the six misses at llama.cpp margins of
+/// 0.10–0.51 (see docs/models.md). The floor leaves room for another CPU's kernel.
+const DECISIVE_SHARE: f64 = 0.96;
 
 const FILE: &str = "SmolLM2-135M-Instruct.Q4_K_M.from-Q4_1.gguf";
 
