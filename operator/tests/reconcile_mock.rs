@@ -1,8 +1,11 @@
 //! Reconcile against kube's mock service (tower-test): a small in-memory API server answers
 //! every request the reconciler makes and records it, and each scenario checks the calls
 //! and the bodies written — create, a no-op on an unchanged spec, the status patch, the
-//! scale-subresource path, an invalid spec, a model volume, and an API error with its
-//! backoff.
+//! scale-subresource path, an invalid spec, a model volume, an API error with its
+//! backoff, deletion costs before a scale-down, rotation through the readiness gate, and
+//! what the status says of generations, pods under an invalid spec and a rollout. Where a
+//! scenario needs a decision on signals, engines' metrics endpoints run on loopback
+//! addresses (127.0.0.x, one per pod IP) and the control period is one second.
 //!
 //! The real API server (admission, CEL, server-side apply semantics) is the e2e suite's
 //! job; here every request is checked for method, path, parameters and content.
@@ -71,6 +74,24 @@ fn merge(into: &mut Value, patch: &Value) {
     }
 }
 
+/// Merges the `status.conditions` of a pod status patch into `pod` by condition type, as
+/// the API server's strategic merge does.
+fn merge_conditions(pod: &mut Value, patch: &Value) {
+    let Some(new) = patch["status"]["conditions"].as_array() else {
+        return;
+    };
+    if !pod["status"]["conditions"].is_array() {
+        pod["status"]["conditions"] = json!([]);
+    }
+    let conditions = pod["status"]["conditions"].as_array_mut().unwrap();
+    for c in new {
+        match conditions.iter_mut().find(|o| o["type"] == c["type"]) {
+            Some(o) => merge(o, c),
+            None => conditions.push(c.clone()),
+        }
+    }
+}
+
 async fn serve(server: Shared, req: Request<Body>) -> Response<Body> {
     let method = req.method().to_string();
     let path = req.uri().path().to_string();
@@ -126,7 +147,10 @@ async fn serve(server: Shared, req: Request<Body>) -> Response<Body> {
                 }
                 *stored = json!({"metadata": {"resourceVersion": "1", "uid": "u"}});
             }
-            if subresource {
+            if subresource && object_path.contains("/pods/") {
+                // A pod's status patch is strategic: conditions merge by type.
+                merge_conditions(stored, &body);
+            } else if subresource {
                 stored["status"] = body["status"].clone();
             } else {
                 merge(stored, &body);
@@ -487,4 +511,425 @@ async fn an_api_error_is_categorised_and_backs_off() {
         error_policy(i, &e.into(), ctx),
         Action::requeue(Duration::from_secs(1))
     );
+}
+
+const PODS: &str = "/api/v1/namespaces/default/pods";
+
+/// Puts a serving engine pod at `ip` in the server, with its accepting condition when set.
+fn set_pod(server: &Shared, name: &str, ip: &str, accepting: Option<bool>) {
+    let mut conditions = vec![json!({"type": "ContainersReady", "status": "True"})];
+    if let Some(a) = accepting {
+        conditions.push(
+            json!({"type": "ballast.dev/accepting", "status": if a { "True" } else { "False" }}),
+        );
+    }
+    server.lock().unwrap().objects.insert(
+        format!("{PODS}/{name}"),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": ballast_operator::labels::labels("chat")},
+            "status": {"phase": "Running", "podIP": ip, "conditions": conditions},
+        }),
+    );
+}
+
+/// A pod as the server holds it now.
+fn pod(server: &Shared, name: &str) -> Value {
+    server.lock().unwrap().objects[&format!("{PODS}/{name}")].clone()
+}
+
+/// The status of a pod's `ballast.dev/accepting` condition, if it has one.
+fn accepting(server: &Shared, name: &str) -> Option<String> {
+    pod(server, name)["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "ballast.dev/accepting")
+        .and_then(|c| c["status"].as_str().map(str::to_string))
+}
+
+/// A ballast engine's metrics: running requests, capacity-waiting requests, KV usage.
+fn engine_metrics(running: f64, waiting: f64, kv: f64) -> String {
+    format!(
+        "ballast_num_requests_running{{engine=\"0\",model_name=\"m\"}} {running}\n\
+         ballast_num_requests_waiting_by_reason{{engine=\"0\",model_name=\"m\",reason=\"capacity\"}} {waiting}\n\
+         ballast_num_requests_waiting_by_reason{{engine=\"0\",model_name=\"m\",reason=\"deferred\"}} 0\n\
+         ballast_kv_cache_usage_ratio{{engine=\"0\",model_name=\"m\"}} {kv}\n\
+         ballast_admission_rejections_total{{engine=\"0\",model_name=\"m\",reason=\"max_num_queued_reqs\"}} 0\n"
+    )
+}
+
+/// Engines' metrics endpoints, one per loopback address in `ips`, all on the one port the
+/// spec's `engine.port` names (the operator scrapes each pod IP on it); the body each
+/// answers can be changed between periods.
+async fn engines(ips: &[&str]) -> (u16, Vec<Arc<Mutex<String>>>) {
+    'port: loop {
+        let first = tokio::net::TcpListener::bind((ips[0], 0)).await.unwrap();
+        let port = first.local_addr().unwrap().port();
+        let mut listeners = vec![first];
+        for ip in &ips[1..] {
+            match tokio::net::TcpListener::bind((*ip, port)).await {
+                Ok(l) => listeners.push(l),
+                Err(_) => continue 'port,
+            }
+        }
+        let mut bodies = Vec::new();
+        for listener in listeners {
+            let body = Arc::new(Mutex::new(engine_metrics(0.0, 0.0, 0.1)));
+            bodies.push(Arc::clone(&body));
+            let app = axum::Router::new().route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let body = Arc::clone(&body);
+                    async move { body.lock().unwrap().clone() }
+                }),
+            );
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        }
+        return (port, bodies);
+    }
+}
+
+/// Waits out one control period (`scrapeIntervalSeconds: 1`): the next reconcile scrapes.
+async fn next_period() {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+}
+
+/// Index of the first write to `path` in `calls`.
+fn position(calls: &[Call], path: &str) -> usize {
+    calls
+        .iter()
+        .position(|c| c.path == path)
+        .unwrap_or_else(|| panic!("no write to {path}: {calls:#?}"))
+}
+
+#[tokio::test]
+async fn a_scale_down_sets_deletion_costs_before_the_smaller_size() {
+    let ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3"];
+    let (port, bodies) = engines(&ips).await;
+    // chat-a is busy, chat-b idle, chat-c in between.
+    for (body, (running, waiting)) in bodies.iter().zip([(5.0, 2.0), (0.0, 0.0), (2.0, 0.0)]) {
+        *body.lock().unwrap() = engine_metrics(running, waiting, 0.2);
+    }
+    let server = Shared::default();
+    for (name, ip) in ["chat-a", "chat-b", "chat-c"].into_iter().zip(ips) {
+        set_pod(&server, name, ip, Some(true));
+    }
+    let spec = |replicas: i32| {
+        format!(
+            "{{model: {{source: 'synthetic:tiny'}}, replicas: {replicas}, engine: {{port: {port}}}, \
+             metrics: {{scrapeIntervalSeconds: 1, scrapeTimeoutSeconds: 1}}, autoscaling: {{enabled: false}}}}"
+        )
+    };
+    let i = isvc(&spec(3));
+    store(&server, &i);
+    let ctx = context(&server);
+    // The first period only seeds the rates: no decision, no deletion cost.
+    reconcile(Arc::new(i), Arc::clone(&ctx)).await.unwrap();
+    let w = writes(&server);
+    assert_eq!(write_to(&w, DEPLOYMENT).body["spec"]["replicas"], 3);
+    assert!(
+        w.iter().all(|c| !c.path.starts_with(PODS)),
+        "no pod write at the same size: {w:#?}"
+    );
+
+    let mut smaller = stored(&server);
+    smaller.spec = isvc(&spec(2)).spec;
+    smaller.metadata.generation = Some(2);
+    store(&server, &smaller);
+    next_period().await;
+    clear_calls(&server);
+    reconcile(Arc::new(smaller), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let w = writes(&server);
+    let deployment = position(&w, DEPLOYMENT);
+    assert_eq!(w[deployment].body["spec"]["replicas"], 2);
+    // Each pod's cost is its load (running + waiting): the idle one goes first.
+    for (name, cost) in [("chat-a", "7"), ("chat-b", "0"), ("chat-c", "2")] {
+        let path = format!("{PODS}/{name}");
+        let at = position(&w, &path);
+        assert!(
+            at < deployment,
+            "{name}'s cost after the scale-down: {w:#?}"
+        );
+        assert_eq!(w[at].method, "PATCH");
+        assert_eq!(
+            w[at].body,
+            json!({"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": cost}}}),
+            "{name}"
+        );
+        assert_eq!(
+            pod(&server, name)["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"],
+            cost
+        );
+    }
+    let status = stored(&server).status.unwrap();
+    assert_eq!(
+        (status.observed_generation, status.desired_replicas),
+        (Some(2), 2)
+    );
+}
+
+#[tokio::test]
+async fn a_hot_pod_leaves_rotation_through_its_readiness_gate_and_returns_when_cool() {
+    let ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3"];
+    let (port, bodies) = engines(&ips).await;
+    let server = Shared::default();
+    // chat-c is new: its gate has no condition yet.
+    for (name, ip, gate) in [
+        ("chat-a", ips[0], Some(true)),
+        ("chat-b", ips[1], Some(true)),
+        ("chat-c", ips[2], None),
+    ] {
+        set_pod(&server, name, ip, gate);
+    }
+    *bodies[0].lock().unwrap() = engine_metrics(2.0, 0.0, 0.97);
+    for body in &bodies[1..] {
+        *body.lock().unwrap() = engine_metrics(1.0, 0.0, 0.3);
+    }
+    let i = isvc(&format!(
+        "{{model: {{source: 'synthetic:tiny'}}, replicas: 3, engine: {{port: {port}}}, \
+         metrics: {{scrapeIntervalSeconds: 1, scrapeTimeoutSeconds: 1}}, autoscaling: {{enabled: false}}}}"
+    ));
+    store(&server, &i);
+    let ctx = context(&server);
+    // Seeding: no decision yet, but the new pod is put in rotation.
+    reconcile(Arc::new(i), Arc::clone(&ctx)).await.unwrap();
+    let w = writes(&server);
+    let gates: Vec<&str> = w
+        .iter()
+        .filter(|c| c.path.starts_with(PODS))
+        .map(|c| c.path.as_str())
+        .collect();
+    assert_eq!(gates, [format!("{PODS}/chat-c/status")]);
+    assert_eq!(accepting(&server, "chat-c").as_deref(), Some("True"));
+
+    // chat-a is hot (KV 0.97) in a cool fleet: out of rotation, through pods/status.
+    next_period().await;
+    clear_calls(&server);
+    reconcile(Arc::new(stored(&server)), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let w = writes(&server);
+    let gates: Vec<&Call> = w.iter().filter(|c| c.path.starts_with(PODS)).collect();
+    assert_eq!(gates.len(), 1, "{gates:#?}");
+    assert_eq!(gates[0].path, format!("{PODS}/chat-a/status"));
+    assert_eq!(gates[0].method, "PATCH");
+    let c = &gates[0].body["status"]["conditions"][0];
+    assert_eq!(
+        (&c["type"], &c["status"], &c["reason"]),
+        (
+            &json!("ballast.dev/accepting"),
+            &json!("False"),
+            &json!("OutOfRotation")
+        )
+    );
+    assert_eq!(accepting(&server, "chat-a").as_deref(), Some("False"));
+    // The status counts the pods as read before this reconcile's writes: the next one
+    // (between periods, no decision) counts chat-a out and writes nothing to the pods.
+    clear_calls(&server);
+    reconcile(Arc::new(stored(&server)), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let w = writes(&server);
+    assert!(w.iter().all(|c| !c.path.starts_with(PODS)), "{w:#?}");
+    assert_eq!(stored(&server).status.unwrap().accepting_replicas, 2);
+
+    // Cool again: back in rotation.
+    *bodies[0].lock().unwrap() = engine_metrics(0.0, 0.0, 0.1);
+    next_period().await;
+    clear_calls(&server);
+    reconcile(Arc::new(stored(&server)), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let w = writes(&server);
+    let gates: Vec<&Call> = w.iter().filter(|c| c.path.starts_with(PODS)).collect();
+    assert_eq!(gates.len(), 1, "{gates:#?}");
+    assert_eq!(gates[0].path, format!("{PODS}/chat-a/status"));
+    let c = &gates[0].body["status"]["conditions"][0];
+    assert_eq!(
+        (&c["status"], &c["reason"]),
+        (&json!("True"), &json!("InRotation"))
+    );
+    assert_eq!(accepting(&server, "chat-a").as_deref(), Some("True"));
+    reconcile(Arc::new(stored(&server)), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert_eq!(stored(&server).status.unwrap().accepting_replicas, 3);
+}
+
+/// A port on loopback where nothing listens: a scrape of it fails at once.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// `(observedGeneration, desiredReplicas)` of the stored status.
+fn decided(server: &Shared) -> (Option<i64>, i32) {
+    let s = stored(server).status.unwrap();
+    (s.observed_generation, s.desired_replicas)
+}
+
+/// Stores `spec` as generation `generation` of the resource, keeping its status.
+fn respec(server: &Shared, spec: &str, generation: i64) -> InferenceService {
+    let mut i = stored(server);
+    i.spec = isvc(spec).spec;
+    i.metadata.generation = Some(generation);
+    store(server, &i);
+    i
+}
+
+#[tokio::test]
+async fn observed_generation_names_the_spec_desired_replicas_was_decided_on() {
+    let ips = ["127.0.0.1", "127.0.0.2"];
+    let (port, _bodies) = engines(&ips).await;
+    let server = Shared::default();
+    for (name, ip) in ["chat-a", "chat-b"].into_iter().zip(ips) {
+        set_pod(&server, name, ip, Some(true));
+    }
+    let spec = |replicas: i32| {
+        format!(
+            "{{model: {{source: 'synthetic:tiny'}}, replicas: {replicas}, engine: {{port: {port}}}, \
+             metrics: {{scrapeIntervalSeconds: 1, scrapeTimeoutSeconds: 1}}, autoscaling: {{enabled: false}}}}"
+        )
+    };
+    let i = isvc(&spec(2));
+    store(&server, &i);
+    let ctx = context(&server);
+    reconcile(Arc::new(i), Arc::clone(&ctx)).await.unwrap();
+    assert_eq!(decided(&server), (Some(1), 2));
+
+    // Generation 2 asks for 3 between periods, before this process decided anything (the
+    // first period only seeded): the size stays, and so does the generation it names.
+    let i = respec(&server, &spec(3), 2);
+    clear_calls(&server);
+    reconcile(Arc::new(i), Arc::clone(&ctx)).await.unwrap();
+    assert!(
+        writes(&server).iter().all(|c| c.path != DEPLOYMENT),
+        "not scaled before a decision"
+    );
+    assert_eq!(decided(&server), (Some(1), 2), "ahead of its decision");
+
+    // The next period decides on generation 2.
+    next_period().await;
+    clear_calls(&server);
+    reconcile(Arc::new(stored(&server)), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert_eq!(
+        write_to(&writes(&server), DEPLOYMENT).body["spec"]["replicas"],
+        3
+    );
+    assert_eq!(decided(&server), (Some(2), 3));
+
+    // Once it has decided, a new spec is decided on at once, between periods.
+    let i = respec(&server, &spec(4), 3);
+    clear_calls(&server);
+    reconcile(Arc::new(i), Arc::clone(&ctx)).await.unwrap();
+    assert_eq!(
+        write_to(&writes(&server), DEPLOYMENT).body["spec"]["replicas"],
+        4
+    );
+    assert_eq!(decided(&server), (Some(3), 4));
+
+    // A restarted operator seeds first: generation 4 waits, the status keeps naming 3.
+    let i = respec(&server, &spec(5), 4);
+    clear_calls(&server);
+    reconcile(Arc::new(i), context(&server)).await.unwrap();
+    assert!(writes(&server).iter().all(|c| c.path != DEPLOYMENT));
+    assert_eq!(decided(&server), (Some(3), 4));
+}
+
+#[tokio::test]
+async fn an_invalid_spec_counts_the_pods_that_still_run_at_the_deployment_size() {
+    let server = Shared::default();
+    let port = closed_port();
+    set_pod(&server, "chat-a", "127.0.0.1", Some(true));
+    set_pod(&server, "chat-b", "127.0.0.2", Some(true));
+    // chat-c starts: not serving yet.
+    set_pod(&server, "chat-c", "127.0.0.3", None);
+    server
+        .lock()
+        .unwrap()
+        .objects
+        .get_mut(&format!("{PODS}/chat-c"))
+        .unwrap()["status"]["conditions"][0]["status"] = json!("False");
+    let i = isvc(&format!(
+        "{{model: {{source: 'synthetic:tiny'}}, replicas: 3, engine: {{port: {port}}}, autoscaling: {{enabled: false}}}}"
+    ));
+    store(&server, &i);
+    reconcile(Arc::new(i), context(&server)).await.unwrap();
+    assert_eq!(
+        write_to(&writes(&server), DEPLOYMENT).body["spec"]["replicas"],
+        3
+    );
+
+    // vLLM without an image, asking for 5: nothing is built or scaled, the pods built
+    // before keep serving and are counted as they run.
+    let i = respec(
+        &server,
+        &format!(
+            "{{model: {{source: m}}, replicas: 5, engine: {{kind: vllm, port: {port}}}, autoscaling: {{enabled: false}}}}"
+        ),
+        2,
+    );
+    clear_calls(&server);
+    let action = reconcile(Arc::new(i), context(&server)).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    assert!(writes(&server).iter().all(|c| c.path != DEPLOYMENT));
+    let s = stored(&server).status.unwrap();
+    assert_eq!(
+        (s.replicas, s.ready_replicas, s.accepting_replicas),
+        (3, 2, 2),
+        "the pods that run"
+    );
+    assert_eq!(
+        s.desired_replicas, 3,
+        "the Deployment's size, not the spec's"
+    );
+    let degraded = s.conditions.iter().find(|c| c.type_ == "Degraded").unwrap();
+    assert_eq!(degraded.reason, "InvalidSpec");
+}
+
+#[tokio::test]
+async fn updated_replicas_follows_the_deployment_rollout() {
+    let server = Shared::default();
+    let i = isvc(&format!(
+        "{{model: {{source: 'synthetic:tiny'}}, replicas: 3, engine: {{port: {}}}, autoscaling: {{enabled: false}}}}",
+        closed_port()
+    ));
+    store(&server, &i);
+    let ctx = context(&server);
+    reconcile(Arc::new(i), Arc::clone(&ctx)).await.unwrap();
+    assert_eq!(stored(&server).status.unwrap().updated_replicas, 0);
+    // The Deployment controller, mid-rollout: (generation, observedGeneration,
+    // updatedReplicas) and the updatedReplicas the status must show.
+    for (generation, observed, updated, want) in [
+        (2, 2, 1, 1),
+        (2, 2, 2, 2),
+        // A new template it has not seen yet: its count is of the old one.
+        (3, 2, 3, 0),
+        (3, 3, 3, 3),
+    ] {
+        {
+            let mut s = server.lock().unwrap();
+            let d = s.objects.get_mut(DEPLOYMENT).unwrap();
+            d["metadata"]["generation"] = json!(generation);
+            d["status"] = json!({"observedGeneration": observed, "replicas": 3,
+                "updatedReplicas": updated, "readyReplicas": 3});
+        }
+        clear_calls(&server);
+        reconcile(Arc::new(stored(&server)), Arc::clone(&ctx))
+            .await
+            .unwrap();
+        assert!(
+            writes(&server).iter().all(|c| c.path != DEPLOYMENT),
+            "the Deployment is unchanged"
+        );
+        assert_eq!(
+            stored(&server).status.unwrap().updated_replicas,
+            want,
+            "generation {generation}, observed {observed}, updated {updated}"
+        );
+    }
 }
