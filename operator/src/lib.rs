@@ -13,6 +13,7 @@ pub mod engine_args;
 pub mod labels;
 pub mod local;
 pub mod metrics;
+pub mod metrics_api;
 pub mod period;
 pub mod reconcile;
 pub mod scrape;

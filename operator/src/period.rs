@@ -14,7 +14,7 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ballast_crds::{AutoscalingSpec, InferenceServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -71,6 +71,13 @@ pub struct ControlPeriod {
     last_fleet: Option<FleetSignals>,
     dp_weights: BTreeMap<String, Vec<f64>>,
     controls: ControlClients,
+    /// The history of the decisions the built-in autoscaler would make while it is off
+    /// (an external autoscaler owns the size): what `recommended_replicas` reports.
+    shadow: History,
+    /// The replicas the last decision recommends.
+    recommended: Option<i32>,
+    /// When the last period's scrape began (wall clock, for the metrics API's timestamps).
+    scraped_at: Option<SystemTime>,
 }
 
 impl ControlPeriod {
@@ -88,7 +95,23 @@ impl ControlPeriod {
             last_fleet: None,
             dp_weights: BTreeMap::new(),
             controls: ControlClients::new(),
+            shadow: History::default(),
+            recommended: None,
+            scraped_at: None,
         }
+    }
+
+    /// The replica count the built-in autoscaler recommends after the last decision: its
+    /// whole decision (every signal, deferred waiting excluded, replicas still starting
+    /// counted), also while `autoscaling.enabled` is false, when it is worked out with a
+    /// history of its own and not applied. `None` before the first decision.
+    pub fn recommended_replicas(&self) -> Option<i32> {
+        self.recommended
+    }
+
+    /// When the last period's scrape began (wall clock); `None` before the first period.
+    pub fn scraped_at(&self) -> Option<SystemTime> {
+        self.scraped_at
     }
 
     /// The control period of `spec` (`metrics.scrapeIntervalSeconds`, at least 1 s).
@@ -142,6 +165,7 @@ impl ControlPeriod {
             .scraper
             .get_or_insert_with(|| (config.clone(), Scraper::new(config)));
         let labels = [self.namespace.as_str(), self.name.as_str()];
+        self.scraped_at = Some(SystemTime::now());
         let t0 = Instant::now();
         let outcomes = scraper
             .scrape(Dialect::from(spec.engine.kind), &replicas.targets)
@@ -201,6 +225,18 @@ impl ControlPeriod {
             outcome.desired_replicas != replicas.current,
         );
         record_decision(metrics, &self.namespace, &self.name, &outcome);
+        let recommended = if spec.autoscaling.enabled {
+            outcome.desired_replicas
+        } else {
+            // What the autoscaler would decide were it on, remembered apart so that its
+            // windows and rate limits hold as they would; nothing is applied or counted.
+            input.autoscaling.enabled = true;
+            let shadow = crate::decide::decide(&input, &self.shadow, self.epoch.elapsed());
+            self.shadow
+                .record(&shadow.history, shadow.desired_replicas != replicas.current);
+            shadow.desired_replicas
+        };
+        self.recommended = Some(recommended);
         outcome
     }
 
@@ -372,6 +408,36 @@ mod tests {
             (3, "FollowingSpecReplicas")
         );
         assert!(!p.due(Instant::now()), "the schedule is unchanged");
+    }
+
+    #[tokio::test]
+    async fn the_recommendation_is_the_autoscalers_even_while_it_is_off() {
+        let m = OperatorMetrics::new();
+        let replicas = Replicas {
+            current: 1,
+            ..Replicas::default()
+        };
+        // Off: the decision follows spec.replicas (3); the autoscaler, were it on, would
+        // bring the fleet into its range (2), and that is what is recommended.
+        let off = spec(
+            "{model: {source: x}, replicas: 3, autoscaling: {enabled: false, minReplicas: 2, maxReplicas: 5}}",
+        );
+        let mut p = ControlPeriod::new("ns", "chat", None);
+        assert_eq!(p.recommended_replicas(), None);
+        let Period::Decided { outcome, .. } = p.run(&off, &replicas, &m).await else {
+            panic!("decided");
+        };
+        assert_eq!(outcome.desired_replicas, 3);
+        assert_eq!(p.recommended_replicas(), Some(2));
+        assert!(p.scraped_at().is_some());
+        // On: the decision itself.
+        let on = spec("{model: {source: x}, autoscaling: {minReplicas: 4, maxReplicas: 5}}");
+        let mut p = ControlPeriod::new("ns", "chat", None);
+        let Period::Decided { outcome, .. } = p.run(&on, &replicas, &m).await else {
+            panic!("decided");
+        };
+        assert_eq!(p.recommended_replicas(), Some(outcome.desired_replicas));
+        assert_eq!(outcome.desired_replicas, 4);
     }
 
     #[test]

@@ -50,9 +50,11 @@ fn grants(rules: &Json, scope: Scope) -> BTreeSet<Grant> {
     out
 }
 
-fn declared() -> BTreeSet<Grant> {
+/// The declared access of `scopes`.
+fn declared_in(scopes: &[Scope]) -> BTreeSet<Grant> {
     API_ACCESS
         .iter()
+        .filter(|a| scopes.contains(&a.scope))
         .flat_map(|a| {
             a.verbs.iter().map(move |v| {
                 (
@@ -71,7 +73,7 @@ fn the_chart_grants_exactly_the_declared_access() {
     let r = render(&options());
     let mut granted = grants(&one(&r, "ClusterRole")["rules"], Scope::Cluster);
     granted.extend(grants(&one(&r, "Role")["rules"], Scope::OwnNamespace));
-    let want = declared();
+    let want = declared_in(&[Scope::Cluster, Scope::OwnNamespace]);
     let missing: Vec<_> = want.difference(&granted).collect();
     let extra: Vec<_> = granted.difference(&want).collect();
     assert!(missing.is_empty(), "the chart does not grant {missing:?}");
@@ -91,6 +93,7 @@ fn the_rules_files_list_the_declared_access_in_order() {
     for (file, scope) in [
         ("files/operator-rbac-rules.yaml", Scope::Cluster),
         ("files/operator-lease-rules.yaml", Scope::OwnNamespace),
+        ("files/operator-metrics-api-rules.yaml", Scope::MetricsApi),
     ] {
         let text = std::fs::read_to_string(chart_dir().join(file)).unwrap();
         let rules: Json = serde_saphyr::from_str(&text).unwrap();
@@ -129,4 +132,60 @@ fn the_rules_files_list_the_declared_access_in_order() {
             "{file} and operator/src/reconcile/rbac.rs"
         );
     }
+}
+
+#[test]
+fn the_metrics_apis_get_their_reviews_and_the_auth_configmap_only_when_enabled() {
+    let off = render(&options());
+    assert!(
+        !kinds(&off)
+            .iter()
+            .any(|(_, n)| n.contains("metrics-api") || n.contains("auth-reader")),
+        "{:?}",
+        kinds(&off)
+    );
+    let r = render(&options().values(serde_json::json!({"metricsApi": {"enabled": true}})));
+    let roles = r.of_kind("ClusterRole").unwrap();
+    let role = roles
+        .iter()
+        .find(|o| o["metadata"]["name"] == "ballast-metrics-api")
+        .expect("the metrics-API ClusterRole");
+    assert_eq!(
+        grants(&role["rules"], Scope::MetricsApi),
+        declared_in(&[Scope::MetricsApi])
+    );
+    let bindings = r.of_kind("ClusterRoleBinding").unwrap();
+    assert!(
+        bindings
+            .iter()
+            .any(|b| b["roleRef"]["name"] == "ballast-metrics-api"
+                && b["subjects"][0]["namespace"] == "ballast-system")
+    );
+    // The ConfigMap: the built-in Role that Kubernetes' bootstrap policy makes for
+    // aggregated servers grants get, list and watch of that one ConfigMap — what the
+    // operator declares.
+    let reader = r
+        .of_kind("RoleBinding")
+        .unwrap()
+        .into_iter()
+        .find(|b| b["metadata"]["namespace"] == "kube-system")
+        .expect("a RoleBinding in kube-system");
+    assert_eq!(reader["roleRef"]["kind"], "Role");
+    assert_eq!(
+        reader["roleRef"]["name"],
+        "extension-apiserver-authentication-reader"
+    );
+    assert_eq!(reader["subjects"][0]["name"], "ballast");
+    let builtin: BTreeSet<Grant> = ["get", "list", "watch"]
+        .iter()
+        .map(|v| {
+            (
+                Scope::AuthConfigMap,
+                String::new(),
+                "configmaps".to_string(),
+                v.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(declared_in(&[Scope::AuthConfigMap]), builtin);
 }

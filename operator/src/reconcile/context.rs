@@ -12,6 +12,7 @@ use tokio::sync::Mutex;
 
 use super::cache::Cache;
 use crate::metrics::OperatorMetrics;
+use crate::metrics_api::values::Board;
 use crate::period::ControlPeriod;
 
 /// What the reconciler is configured with.
@@ -56,6 +57,8 @@ pub struct Context {
     pub metrics: Arc<OperatorMetrics>,
     /// Publishes Events.
     pub recorder: Recorder,
+    /// Each service's values from its last control period, for the metrics APIs.
+    pub board: Arc<Board>,
     states: std::sync::Mutex<HashMap<ResourceKey, Arc<Mutex<ServiceState>>>>,
 }
 
@@ -70,16 +73,17 @@ impl Context {
         recorder: Recorder,
     ) -> Arc<Self> {
         let cache = Cache::api(client.clone());
-        Self::with_cache(client, cache, config, metrics, recorder)
+        Self::with_cache(client, cache, config, metrics, recorder, Arc::default())
     }
 
-    /// A context that reads from `cache`.
+    /// A context that reads from `cache` and publishes each period's values on `board`.
     pub fn with_cache(
         client: Client,
         cache: Cache,
         config: Config,
         metrics: Arc<OperatorMetrics>,
         recorder: Recorder,
+        board: Arc<Board>,
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
@@ -87,6 +91,7 @@ impl Context {
             config,
             metrics,
             recorder,
+            board,
             states: Default::default(),
         })
     }
@@ -109,6 +114,7 @@ impl Context {
 
     /// Forgets `ns/name` (it was deleted).
     pub fn forget(&self, ns: &str, name: &str) {
+        self.board.forget(ns, name);
         self.states
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -6,7 +6,9 @@
 //! helpers are pure.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
+
+use kube::ResourceExt;
 
 use ballast_crds::InferenceService;
 
@@ -14,7 +16,8 @@ use super::context::{Context, ServiceState, Wanted};
 use super::snapshot::Snapshot;
 use super::validate::Valid;
 use crate::decide::{DpWeights, Outcome, RebalancePlan};
-use crate::period::{Period, Replicas};
+use crate::metrics_api::values::Record;
+use crate::period::{ControlPeriod, Period, Replicas};
 use crate::scrape::Target;
 use crate::signals::FleetSignals;
 
@@ -70,6 +73,7 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
     };
     let (fleet, outcome) = match decided {
         Some((fleet, outcome)) => {
+            publish(ctx, state, isvc, &fleet, &outcome);
             state.wanted = Some(Wanted {
                 replicas: outcome.desired_replicas,
                 generation,
@@ -108,6 +112,28 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
         outcome,
         snapshot,
     }
+}
+
+/// Publishes a decision's values for the metrics APIs (what `status.lastDecision.signals`
+/// shows, per pod too, and the replicas the autoscaler recommends).
+fn publish(
+    ctx: &Context,
+    state: &ServiceState,
+    isvc: &InferenceService,
+    fleet: &FleetSignals,
+    outcome: &Outcome,
+) {
+    let name = isvc.name_any();
+    let record = Record::of(
+        fleet,
+        &outcome.signals,
+        state.period.recommended_replicas(),
+        state.period.scraped_at().unwrap_or_else(SystemTime::now),
+        ControlPeriod::interval(&isvc.spec),
+        crate::labels::labels(&name),
+    );
+    ctx.board
+        .publish(&isvc.namespace().unwrap_or_default(), &name, record);
 }
 
 /// Every ready pod's metrics endpoint, on its pod IP (never the Service's cluster IP).

@@ -24,6 +24,13 @@
 //! - `leader.rs`: `get`, `create` and `update` (a `replace` carrying the
 //!   resourceVersion it read) of the Lease in the operator's own namespace.
 //!
+//! - `metrics_api/auth.rs` (only with `--metrics-api-port`): `create` of TokenReviews
+//!   and SubjectAccessReviews, to authenticate bearer tokens and authorize every request
+//!   as an aggregated API server does; `metrics_api/server.rs` watches (`list`, `watch`)
+//!   the ConfigMap `kube-system/extension-apiserver-authentication`;
+//! - `run.rs` (only with `--metrics-api-port`): a merge `patch` of the operator's own pod
+//!   (its leader label), covered by the pods grant above.
+//!
 //! Not listed: `cache.rs` reads the discovery document
 //! `/apis/monitoring.coreos.com/v1`, which every authenticated client may read
 //! (the built-in `system:discovery` role).
@@ -35,6 +42,14 @@ pub enum Scope {
     Cluster,
     /// The operator's own namespace only (a Role there): its leader-election Lease.
     OwnNamespace,
+    /// Cluster-wide, and only when the metrics APIs are on (the chart's
+    /// `metricsApi.enabled`): the reviews every aggregated API server makes, as the
+    /// built-in ClusterRole `system:auth-delegator` grants them.
+    MetricsApi,
+    /// `kube-system/extension-apiserver-authentication` only, when the metrics APIs are
+    /// on: granted by binding the built-in Role `extension-apiserver-authentication-reader`
+    /// there, which allows exactly these verbs on exactly that ConfigMap.
+    AuthConfigMap,
 }
 
 /// One resource the operator calls, with the verbs it uses on it.
@@ -91,6 +106,24 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "leases",
         verbs: &["get", "create", "update"],
         scope: Scope::OwnNamespace,
+    },
+    ApiAccess {
+        group: "authentication.k8s.io",
+        resource: "tokenreviews",
+        verbs: &["create"],
+        scope: Scope::MetricsApi,
+    },
+    ApiAccess {
+        group: "authorization.k8s.io",
+        resource: "subjectaccessreviews",
+        verbs: &["create"],
+        scope: Scope::MetricsApi,
+    },
+    ApiAccess {
+        group: "",
+        resource: "configmaps",
+        verbs: &["get", "list", "watch"],
+        scope: Scope::AuthConfigMap,
     },
 ];
 

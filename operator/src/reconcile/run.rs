@@ -2,7 +2,7 @@
 //! operator's own HTTP endpoints (`/metrics`, `/healthz`, `/readyz`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -27,6 +27,47 @@ use super::cache::{Cache, Stores, owned_watch, reflect};
 use super::leader::Elector;
 use super::{Config, Context, error_policy, reconcile};
 use crate::metrics::OperatorMetrics;
+use crate::metrics_api::server::{self, MetricsApiArgs, StartError};
+use crate::metrics_api::values::Board;
+
+/// The label a leading operator puts on its own pod when it serves the metrics APIs: the
+/// chart's metrics-API Service selects it, so that only the leader, which alone has
+/// values, is asked.
+pub const LEADER_LABEL: &str = "ballast.dev/metrics-api-leader";
+
+/// Sets or clears [`LEADER_LABEL`] on this replica's own pod.
+struct LeaderLabel {
+    pods: Api<Pod>,
+    name: String,
+}
+
+impl LeaderLabel {
+    fn new(pods: Api<Pod>, name: String) -> Self {
+        Self { pods, name }
+    }
+
+    /// Sets the label (`true`) or removes it; a failure is logged (the pod may not be
+    /// ours to label, outside a cluster).
+    async fn set(&self, leading: bool) {
+        let value = if leading {
+            serde_json::json!("true")
+        } else {
+            serde_json::Value::Null
+        };
+        let patch = serde_json::json!({"metadata": {"labels": {LEADER_LABEL: value}}});
+        if let Err(e) = self
+            .pods
+            .patch(
+                &self.name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            tracing::warn!(target: "ballast::operator", pod = %self.name, error = %e, "cannot label this operator pod for the metrics APIs");
+        }
+    }
+}
 
 /// Flags of `ballast operator`.
 #[derive(Debug, Clone, Args)]
@@ -92,6 +133,10 @@ pub struct OperatorArgs {
     /// host name and process id].
     #[arg(long, env = "POD_NAME", value_name = "ID")]
     pub identity: Option<String>,
+
+    /// The metrics APIs for HPA and KEDA.
+    #[command(flatten)]
+    pub metrics_api: MetricsApiArgs,
 }
 
 /// Why `ballast operator` stopped.
@@ -112,14 +157,19 @@ pub enum OperatorError {
     /// restarts as a candidate.
     #[error("lost the leader lease")]
     LostLease,
+    /// The metrics APIs cannot start.
+    #[error(transparent)]
+    MetricsApi(#[from] StartError),
 }
 
 impl OperatorError {
     /// Process exit code.
     pub fn exit_code(&self) -> i32 {
         match self {
-            OperatorError::Config(_) => 2,
-            OperatorError::Listen { .. } | OperatorError::LostLease => 1,
+            OperatorError::Config(_) | OperatorError::MetricsApi(StartError::Cert(_)) => 2,
+            OperatorError::Listen { .. }
+            | OperatorError::LostLease
+            | OperatorError::MetricsApi(StartError::Listen { .. }) => 1,
         }
     }
 }
@@ -188,6 +238,31 @@ pub async fn run(
     });
     tokio::spawn(async move { axum::serve(listener, app).await });
 
+    // The metrics APIs answer from the first request on (health, discovery); values only
+    // while this replica leads, and a leader labels its own pod so that the Service in
+    // front of the APIs selects it alone (docs/autoscalers.md says why).
+    let board = Arc::new(Board::default());
+    let leading = Arc::new(AtomicBool::new(false));
+    let pod = match (std::env::var("POD_NAME"), &args.lease_namespace) {
+        (Ok(name), Some(ns)) if args.metrics_api.metrics_api_port.is_some() => {
+            Some(LeaderLabel::new(Api::namespaced(client.clone(), ns), name))
+        }
+        _ => None,
+    };
+    if let Some(port) = args.metrics_api.metrics_api_port {
+        if let Some(pod) = &pod {
+            pod.set(false).await;
+        }
+        server::start(
+            &args.metrics_api,
+            port,
+            Arc::clone(&board),
+            Arc::clone(&leading),
+            client.clone(),
+        )
+        .await?;
+    }
+
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let elector = (!args.no_leader_election).then(|| {
         let ns = args.lease_namespace.as_deref().unwrap_or("default");
@@ -217,6 +292,10 @@ pub async fn run(
         }
     }
     role.store(LEADING, Ordering::SeqCst);
+    leading.store(true, Ordering::SeqCst);
+    if let Some(pod) = &pod {
+        pod.set(true).await;
+    }
     metrics.leader.set(1);
     tracing::info!(target: "ballast::operator", identity = %identity, "leading: reconciling InferenceServices");
 
@@ -270,6 +349,7 @@ pub async fn run(
         },
         Arc::clone(&metrics),
         recorder,
+        board,
     );
     let controller = Controller::new(
         api::<InferenceService>(&client, ns),
