@@ -1,6 +1,7 @@
 //! A real Kubernetes control plane on this machine: etcd (Debian's `etcd-server`),
 //! kube-apiserver (RBAC and Node authorizers, PodSecurity admission, service-account tokens,
-//! the aggregation layer's request-header CA, a client certificate for kubelets),
+//! the aggregation layer as kubeadm sets it up — a front-proxy CA and client certificate,
+//! the `X-Remote-*` request headers, aggregator routing — a client certificate for kubelets),
 //! kube-controller-manager (every controller but the cloud's, node IPAM and routes) and
 //! kube-scheduler. Certificates are made with `openssl` (X.509 v3, which rustls requires).
 //!
@@ -134,7 +135,7 @@ impl Drop for ControlPlane {
 
 /// Makes an X.509 v3 key and certificate `NAME.{key,crt}` under `pki`, signed by the CA
 /// there (self-signed for `ca`), with `subject` and the extensions `ext`.
-pub(crate) fn issue(pki: &Path, name: &str, subject: &str, ext: &str) -> Result<(), String> {
+pub fn issue(pki: &Path, name: &str, subject: &str, ext: &str) -> Result<(), String> {
     let ext_file = format!("{name}.ext");
     std::fs::write(pki.join(&ext_file), ext).map_err(|e| e.to_string())?;
     let (key, csr, crt) = (
@@ -187,6 +188,22 @@ fn certificates(pki: &Path, address: Ipv4Addr) -> Result<(), String> {
         pki,
         "kubelet-client",
         "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        CLIENT_EXT,
+    )?;
+    // The aggregation layer, as kubeadm sets it up: a CA of its own and the front
+    // proxy's client certificate, which the API server presents to extension servers.
+    let front = pki.join("front-proxy");
+    std::fs::create_dir_all(&front).map_err(|e| e.to_string())?;
+    issue(
+        &front,
+        "ca",
+        "/CN=ballast-e2e-front-proxy-ca",
+        "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign,digitalSignature\n",
+    )?;
+    issue(
+        &front,
+        "front-proxy-client",
+        "/CN=front-proxy-client",
         CLIENT_EXT,
     )?;
     let o = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(pki)).map(|_| ());
@@ -256,7 +273,23 @@ impl ControlPlane {
                 .args(["--tls-cert-file", &p("apiserver.crt")])
                 .args(["--tls-private-key-file", &p("apiserver.key")])
                 .args(["--client-ca-file", &p("ca.crt")])
-                .args(["--requestheader-client-ca-file", &p("ca.crt")])
+                // The aggregation layer (kubeadm's flags): extension servers trust the
+                // front proxy's CA and read the caller from these headers; the API server
+                // dials an APIService's endpoints directly.
+                .args(["--requestheader-client-ca-file", &p("front-proxy/ca.crt")])
+                .args(["--requestheader-allowed-names", "front-proxy-client"])
+                .args(["--requestheader-username-headers", "X-Remote-User"])
+                .args(["--requestheader-group-headers", "X-Remote-Group"])
+                .args(["--requestheader-extra-headers-prefix", "X-Remote-Extra-"])
+                .args([
+                    "--proxy-client-cert-file",
+                    &p("front-proxy/front-proxy-client.crt"),
+                ])
+                .args([
+                    "--proxy-client-key-file",
+                    &p("front-proxy/front-proxy-client.key"),
+                ])
+                .args(["--enable-aggregator-routing=true"])
                 .args(["--kubelet-client-certificate", &p("kubelet-client.crt")])
                 .args(["--kubelet-client-key", &p("kubelet-client.key")])
                 // The node's name resolves nowhere: reach kubelets at their InternalIP.

@@ -15,7 +15,7 @@ pub fn which(cmd: &str) -> Option<PathBuf> {
 }
 
 /// A free port on 127.0.0.1 (free when asked; another process may take it later).
-pub(crate) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -36,7 +36,7 @@ pub fn run(cmd: &mut Command) -> Result<String, String> {
 }
 
 /// Starts `cmd` with stdout and stderr appended to `logs/NAME.log`.
-pub(crate) fn spawn_logged(logs: &Path, name: &str, cmd: &mut Command) -> Result<Child, String> {
+pub fn spawn_logged(logs: &Path, name: &str, cmd: &mut Command) -> Result<Child, String> {
     let log = || {
         std::fs::OpenOptions::new()
             .create(true)
@@ -52,7 +52,7 @@ pub(crate) fn spawn_logged(logs: &Path, name: &str, cmd: &mut Command) -> Result
 }
 
 /// Stops a child: SIGTERM, then SIGKILL after `grace`.
-pub(crate) fn stop_child(child: &mut Child, grace: Duration) {
+pub fn stop_child(child: &mut Child, grace: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }

@@ -207,12 +207,17 @@ pub fn accepts_json(accept: Option<&str>) -> bool {
 
 /// Decodes `%XX` escapes and `+` in a query component.
 fn unescape(s: &str) -> Result<String, Failure> {
+    unescape_with(s, true)
+}
+
+/// Decodes `%XX` escapes (`+` is `+` in a path; the aggregator sends `*` as `%2A`).
+fn unescape_with(s: &str, plus_is_space: bool) -> Result<String, Failure> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'+' => out.push(b' '),
+            b'+' if plus_is_space => out.push(b' '),
             b'%' => {
                 let hex = bytes
                     .get(i + 1..i + 3)
@@ -283,7 +288,13 @@ pub fn parse(
     query: Option<&str>,
     accept: Option<&str>,
 ) -> Result<ApiRequest, Failure> {
-    let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    let decoded = path
+        .trim_end_matches('/')
+        .split('/')
+        .skip(1)
+        .map(|s| unescape_with(s, false))
+        .collect::<Result<Vec<String>, Failure>>()?;
+    let segments: Vec<&str> = decoded.iter().map(String::as_str).collect();
     if let ["healthz" | "livez" | "readyz", ..] = segments.as_slice() {
         return Ok(ApiRequest::Health);
     }
