@@ -40,10 +40,46 @@ const IMAGE: &str = "localhost/ballast:e2e";
 /// registry is reachable), and a short Lease so failover is quick.
 const CHART_VALUES: &str = r#"
 image: {repository: localhost/ballast, tag: e2e, pullPolicy: Never}
+metricsApi: {enabled: true}
 operator:
   leaderElection: {leaseSeconds: 6}
   logLevel: info
+  extraArgs: ["--metrics-api-port", "6443"]
 "#;
+
+/// The metrics APIs registered as a user registers them today (the chart's own
+/// APIServices come with issue 33): a Service selecting the operator pod that carries the
+/// leader label, and the two APIServices on it. The operator serves its self-signed
+/// certificate, so the APIServices skip verification.
+const METRICS_API: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: ballast-metrics-api, namespace: ballast-system}
+spec:
+  selector: {app.kubernetes.io/instance: ballast, app.kubernetes.io/component: operator, ballast.dev/metrics-api-leader: "true"}
+  ports: [{name: https, port: 443, targetPort: 6443}]
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1beta2.custom.metrics.k8s.io}
+spec: {group: custom.metrics.k8s.io, version: v1beta2, service: {namespace: ballast-system, name: ballast-metrics-api, port: 443}, insecureSkipTLSVerify: true, groupPriorityMinimum: 100, versionPriority: 200}
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1beta1.external.metrics.k8s.io}
+spec: {group: external.metrics.k8s.io, version: v1beta1, service: {namespace: ballast-system, name: ballast-metrics-api, port: 443}, insecureSkipTLSVerify: true, groupPriorityMinimum: 100, versionPriority: 200}
+"#;
+
+/// A quantity as the metrics APIs write it (`2`, `500m`, `400u`, `333n`).
+fn quantity(q: &str) -> f64 {
+    let (digits, scale) = match q.as_bytes().last() {
+        Some(b'm') => (&q[..q.len() - 1], 1e-3),
+        Some(b'u') => (&q[..q.len() - 1], 1e-6),
+        Some(b'n') => (&q[..q.len() - 1], 1e-9),
+        _ => (q, 1.0),
+    };
+    digits.parse::<f64>().unwrap_or(f64::NAN) * scale
+}
 
 /// The PodSecurity labels of a namespace whose pods must meet the `restricted` profile.
 const RESTRICTED: [&str; 2] = [
@@ -173,6 +209,18 @@ impl World {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// The pods behind the metrics-API Service (its Endpoints' target names).
+    fn metrics_api_pods(&self) -> Vec<String> {
+        let ep = self.json(&["get", "endpoints", "ballast-metrics-api", "-n", OPERATOR_NS]);
+        ep["subsets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["addresses"].as_array().into_iter().flatten())
+            .filter_map(|a| Some(a["targetRef"]["name"].as_str()?.to_string()))
+            .collect()
     }
 
     /// `http://CLUSTER-IP:PORT` of the Service `name` (its `http` port).
@@ -378,6 +426,31 @@ fn ballast_on_a_real_cluster() {
         "helm install → operator ready: {:?}",
         install_start.elapsed()
     );
+
+    // The metrics APIs: the leader labels its pod, the Service selects it alone, and
+    // the aggregator finds both APIServices available through it.
+    cp.apply(METRICS_API).unwrap();
+    w.wait_for(
+        "the metrics-API Service on the leader alone",
+        Duration::from_secs(30),
+        || (w.metrics_api_pods() == [op1.name.as_str()]).then_some(()),
+    );
+    for name in [
+        "v1beta2.custom.metrics.k8s.io",
+        "v1beta1.external.metrics.k8s.io",
+    ] {
+        w.wait_for(
+            &format!("APIService {name} Available"),
+            Duration::from_secs(60),
+            || {
+                w.json(&["get", "apiservice", name])["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| c["type"] == "Available" && c["status"] == "True")
+                    .then_some(())
+            },
+        );
+    }
     // The operator really runs as the chart says: uid 65532, no capabilities, a
     // read-only root filesystem.
     let pid = w.container_pid(OPERATOR_NS, &op1.name).expect("its pid");
@@ -490,6 +563,45 @@ fn ballast_on_a_real_cluster() {
     assert!(
         to_scale <= Duration::from_secs(7),
         "scale-up took {to_scale:?}"
+    );
+    // Under load, an Object metric through the aggregation layer is what the operator's
+    // status shows for the same period: read status, metrics, status; when both status
+    // reads name the same decision the metrics must be that decision's (or the next one's,
+    // published a moment before its status is written: then a later read matches).
+    let metric = |m: &str| -> Option<f64> {
+        let raw = cp
+            .kubectl(&[
+                "get",
+                "--raw",
+                &format!("/apis/custom.metrics.k8s.io/v1beta2/namespaces/{NS}/inferenceservices.ballast.dev/chat/{m}"),
+            ])
+            .ok()?;
+        let v: Value = serde_json::from_str(&raw).ok()?;
+        Some(quantity(v["items"][0]["value"].as_str()?))
+    };
+    let mut seen = Vec::new();
+    let (kv, recommended) = w.wait_for(
+        "kv_cache_usage and recommended_replicas equal to status for one decision",
+        Duration::from_secs(20),
+        || {
+            let before = w.status("chat");
+            let kv = metric("kv_cache_usage")?;
+            let recommended = metric("recommended_replicas")?;
+            let after = w.status("chat");
+            let d = &after["lastDecision"];
+            let status_kv = d["signals"]["kvCacheUsage"].as_f64()?;
+            let desired = after["desiredReplicas"].as_f64()?;
+            seen.push(format!("{kv} vs {status_kv}, {recommended} vs {desired}"));
+            (before["lastDecision"]["time"] == d["time"]
+                && status_kv > 0.0
+                && (kv - status_kv).abs() < 1e-8
+                && recommended == desired)
+                .then_some((kv, recommended))
+        },
+    );
+    eprintln!(
+        "through the aggregator under load: kv_cache_usage {kv}, recommended_replicas {recommended}, equal to status (reads: {})",
+        seen.join("; ")
     );
     w.wait_for("the new pods ready", Duration::from_secs(60), || {
         (w.status("chat")["readyReplicas"].as_i64() > Some(1)).then_some(())
@@ -853,6 +965,21 @@ fn ballast_on_a_real_cluster() {
             .iter()
             .all(|p| p.name == op2.name || p.get("/readyz") != "leader")
     );
+    // The metrics APIs follow the Lease: the Service selects the new leader's pod alone,
+    // and a value is served through the aggregator again.
+    w.wait_for(
+        "the metrics-API Service on the new leader",
+        Duration::from_secs(60),
+        || (w.metrics_api_pods() == [op2.name.as_str()]).then_some(()),
+    );
+    w.wait_for("a value from the new leader", Duration::from_secs(30), || {
+        cp.kubectl(&[
+            "get",
+            "--raw",
+            &format!("/apis/custom.metrics.k8s.io/v1beta2/namespaces/{NS}/inferenceservices.ballast.dev/chat/recommended_replicas"),
+        ])
+        .ok()
+    });
     std::thread::sleep(Duration::from_secs(6)); // three periods
     assert_eq!(
         op2.writes("fixed"),
@@ -956,6 +1083,8 @@ fn ballast_on_a_real_cluster() {
     let by_operator: Vec<_> = audited
         .iter()
         .filter(|r| r.user == operator_user && r.resource != "leases" && !r.resource.is_empty())
+        // The metrics APIs' reviews answer the aggregator's requests, not a reconcile.
+        .filter(|r| r.resource != "tokenreviews" && r.resource != "subjectaccessreviews")
         .collect();
     let count = |verbs: &[&str]| {
         by_operator

@@ -386,3 +386,50 @@ fn the_metrics_apis_through_the_aggregation_layer() {
     drop(network);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A certificate or key that is missing or not PEM is a flag error at start, naming the
+/// file, before the operator looks for a cluster.
+#[test]
+fn a_bad_certificate_file_is_named_at_start() {
+    let dir =
+        std::env::temp_dir().join(format!("ballast-metrics-api-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.crt");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    let key = dir.join("tls.key");
+    std::fs::write(&key, "not a key either").unwrap();
+    for (cert, named) in [
+        (dir.join("missing.crt"), "missing.crt"),
+        (garbage.clone(), "garbage.crt"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args(["operator", "--metrics-api-port", "0"])
+            .arg("--metrics-api-cert-file")
+            .arg(&cert)
+            .arg("--metrics-api-key-file")
+            .arg(&key)
+            .env("KUBECONFIG", dir.join("no-such-kubeconfig"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(named) && stderr.contains("--metrics-api-cert-file"),
+            "the error names {named}: {stderr}"
+        );
+    }
+    // One without the other is refused by the flag parser.
+    let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args([
+            "operator",
+            "--metrics-api-port",
+            "0",
+            "--metrics-api-cert-file",
+        ])
+        .arg(&garbage)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--metrics-api-key-file"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

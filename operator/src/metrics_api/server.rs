@@ -116,30 +116,39 @@ impl Shared {
     }
 }
 
-/// Starts the metrics APIs on `args`' address, answering from `board` while `leading`,
-/// and returns the bound address. Reviews go to the API server through `client`, which
-/// also watches `kube-system/extension-apiserver-authentication`.
+/// The serving certificate `args` name, read now (a missing or bad file is an error
+/// naming it) and re-read when the files change; or a self-signed pair, logged as such.
+/// Called before anything else starts, so that a bad file fails fast.
+pub fn serving_cert(args: &MetricsApiArgs) -> Result<Arc<ServingCert>, StartError> {
+    Ok(
+        match (&args.metrics_api_cert_file, &args.metrics_api_key_file) {
+            (Some(c), Some(k)) => {
+                let cert = ServingCert::from_files(c, k)?;
+                tracing::info!(target: "ballast::metrics_api", cert = %c.display(), key = %k.display(), "serving the certificate in these files; re-read when they change");
+                Arc::clone(&cert).watch(RELOAD_EVERY);
+                cert
+            }
+            _ => {
+                let names = default_names(args.metrics_api_host);
+                let (pair, _) = self_signed(&names)?;
+                tracing::warn!(target: "ballast::metrics_api", names = ?names, "no --metrics-api-cert-file: serving a self-signed certificate made at start; an APIService must then skip TLS verification (insecureSkipTLSVerify)");
+                ServingCert::fixed(pair)
+            }
+        },
+    )
+}
+
+/// Starts the metrics APIs on `args`' address with `cert` ([`serving_cert`]), answering
+/// from `board` while `leading`, and returns the bound address. Reviews go to the API
+/// server through `client`, which also watches `kube-system/extension-apiserver-authentication`.
 pub async fn start(
     args: &MetricsApiArgs,
     port: u16,
+    cert: Arc<ServingCert>,
     board: Arc<Board>,
     leading: Arc<AtomicBool>,
     client: Client,
 ) -> Result<SocketAddr, StartError> {
-    let cert = match (&args.metrics_api_cert_file, &args.metrics_api_key_file) {
-        (Some(c), Some(k)) => {
-            let cert = ServingCert::from_files(c, k)?;
-            tracing::info!(target: "ballast::metrics_api", cert = %c.display(), key = %k.display(), "serving the certificate in these files; re-read when they change");
-            Arc::clone(&cert).watch(RELOAD_EVERY);
-            cert
-        }
-        _ => {
-            let names = default_names(args.metrics_api_host);
-            let (pair, _) = self_signed(&names)?;
-            tracing::warn!(target: "ballast::metrics_api", names = ?names, "no --metrics-api-cert-file: serving a self-signed certificate made at start; an APIService must then skip TLS verification (insecureSkipTLSVerify)");
-            ServingCert::fixed(pair)
-        }
-    };
     let addr = SocketAddr::new(args.metrics_api_host, port);
     let listener = TcpListener::bind(addr)
         .await

@@ -218,6 +218,11 @@ pub async fn run(
     args: OperatorArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), OperatorError> {
+    // A bad certificate file is a flag error: said before anything else starts.
+    let serving_cert = match args.metrics_api.metrics_api_port {
+        Some(_) => Some(server::serving_cert(&args.metrics_api)?),
+        None => None,
+    };
     let client = Client::try_default().await.map_err(OperatorError::Config)?;
     let metrics = Arc::new(OperatorMetrics::new());
     let role = Arc::new(AtomicU8::new(STARTING));
@@ -249,13 +254,14 @@ pub async fn run(
         }
         _ => None,
     };
-    if let Some(port) = args.metrics_api.metrics_api_port {
+    if let (Some(port), Some(cert)) = (args.metrics_api.metrics_api_port, serving_cert) {
         if let Some(pod) = &pod {
             pod.set(false).await;
         }
         server::start(
             &args.metrics_api,
             port,
+            cert,
             Arc::clone(&board),
             Arc::clone(&leading),
             client.clone(),
