@@ -44,30 +44,6 @@ metricsApi: {enabled: true}
 operator:
   leaderElection: {leaseSeconds: 6}
   logLevel: info
-  extraArgs: ["--metrics-api-port", "6443"]
-"#;
-
-/// The metrics APIs registered as a user registers them today (the chart's own
-/// APIServices come with issue 33): a Service selecting the operator pod that carries the
-/// leader label, and the two APIServices on it. The operator serves its self-signed
-/// certificate, so the APIServices skip verification.
-const METRICS_API: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: {name: ballast-metrics-api, namespace: ballast-system}
-spec:
-  selector: {app.kubernetes.io/instance: ballast, app.kubernetes.io/component: operator, ballast.dev/metrics-api-leader: "true"}
-  ports: [{name: https, port: 443, targetPort: 6443}]
----
-apiVersion: apiregistration.k8s.io/v1
-kind: APIService
-metadata: {name: v1beta2.custom.metrics.k8s.io}
-spec: {group: custom.metrics.k8s.io, version: v1beta2, service: {namespace: ballast-system, name: ballast-metrics-api, port: 443}, insecureSkipTLSVerify: true, groupPriorityMinimum: 100, versionPriority: 200}
----
-apiVersion: apiregistration.k8s.io/v1
-kind: APIService
-metadata: {name: v1beta1.external.metrics.k8s.io}
-spec: {group: external.metrics.k8s.io, version: v1beta1, service: {namespace: ballast-system, name: ballast-metrics-api, port: 443}, insecureSkipTLSVerify: true, groupPriorityMinimum: 100, versionPriority: 200}
 "#;
 
 /// A quantity as the metrics APIs write it (`2`, `500m`, `400u`, `333n`).
@@ -427,9 +403,9 @@ fn ballast_on_a_real_cluster() {
         install_start.elapsed()
     );
 
-    // The metrics APIs: the leader labels its pod, the Service selects it alone, and
-    // the aggregator finds both APIServices available through it.
-    cp.apply(METRICS_API).unwrap();
+    // The metrics APIs as the chart installs them: the leader labels its pod, the
+    // Service selects it alone, the operator keeps its certificate in a Secret and sets
+    // the APIServices' caBundle, and the aggregator verifies it and finds both available.
     w.wait_for(
         "the metrics-API Service on the leader alone",
         Duration::from_secs(30),
@@ -450,6 +426,19 @@ fn ballast_on_a_real_cluster() {
                     .then_some(())
             },
         );
+        let secret = w.json(&[
+            "get",
+            "secret",
+            "ballast-metrics-api-tls",
+            "-n",
+            OPERATOR_NS,
+        ]);
+        let apiservice = w.json(&["get", "apiservice", name]);
+        assert_eq!(
+            apiservice["spec"]["caBundle"], secret["data"]["ca.crt"],
+            "{name} trusts the CA the operator keeps"
+        );
+        assert!(apiservice["spec"]["insecureSkipTLSVerify"].is_null());
     }
     // The operator really runs as the chart says: uid 65532, no capabilities, a
     // read-only root filesystem.

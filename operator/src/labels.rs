@@ -13,6 +13,11 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// `app.kubernetes.io/component`.
 pub const COMPONENT: &str = "app.kubernetes.io/component";
 
+/// The label a leading operator puts on its own pod when it serves the metrics APIs
+/// (value `true`): the chart's metrics-API Service selects it, so that only the leader,
+/// which alone has values, is asked.
+pub const METRICS_API_LEADER: &str = "ballast.dev/metrics-api-leader";
+
 /// The value of [`NAME`] on engine replicas.
 pub const ENGINE: &str = "ballast-engine";
 /// The value of [`MANAGED_BY`] on everything the operator owns.

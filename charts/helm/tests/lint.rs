@@ -25,6 +25,8 @@ fn the_chart_passes_strict_lint() {
         json!({"monitoring": {"engineServiceMonitor": {"enabled": true}},
             "dashboards": {"enabled": false}, "rbac": {"create": false},
             "serviceAccount": {"create": false, "name": "existing"}}),
+        json!({"metricsApi": {"enabled": true}}),
+        json!({"metricsApi": {"enabled": true, "certManager": true, "port": 8443}}),
     ] {
         let report = helm()
             .lint(chart_dir(), &values.to_string(), true)

@@ -148,19 +148,17 @@ fn the_metrics_apis_get_their_reviews_and_the_auth_configmap_only_when_enabled()
     let roles = r.of_kind("ClusterRole").unwrap();
     let role = roles
         .iter()
-        .find(|o| o["metadata"]["name"] == "ballast-metrics-api")
+        .find(|o| o["metadata"]["name"] == "ballast-ballast-system-metrics-api")
         .expect("the metrics-API ClusterRole");
     assert_eq!(
         grants(&role["rules"], Scope::MetricsApi),
         declared_in(&[Scope::MetricsApi])
     );
     let bindings = r.of_kind("ClusterRoleBinding").unwrap();
-    assert!(
-        bindings
-            .iter()
-            .any(|b| b["roleRef"]["name"] == "ballast-metrics-api"
-                && b["subjects"][0]["namespace"] == "ballast-system")
-    );
+    assert!(bindings.iter().any(
+        |b| b["roleRef"]["name"] == "ballast-ballast-system-metrics-api"
+            && b["subjects"][0]["namespace"] == "ballast-system"
+    ));
     // The ConfigMap: the built-in Role that Kubernetes' bootstrap policy makes for
     // aggregated servers grants get, list and watch of that one ConfigMap — what the
     // operator declares.
@@ -188,4 +186,150 @@ fn the_metrics_apis_get_their_reviews_and_the_auth_configmap_only_when_enabled()
         })
         .collect();
     assert_eq!(declared_in(&[Scope::AuthConfigMap]), builtin);
+}
+
+/// Rules that may carry `resourceNames`: the grants (names aside) and the names.
+fn named_grants(rules: &Json, scope: Scope) -> (BTreeSet<Grant>, BTreeSet<String>) {
+    let mut out = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    for rule in rules.as_array().expect("rules") {
+        let list = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        names.extend(list("resourceNames"));
+        for g in list("apiGroups") {
+            for r in list("resources") {
+                for v in list("verbs") {
+                    out.insert((scope, g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    (out, names)
+}
+
+#[test]
+fn the_operator_kept_certificate_gets_exactly_its_secret_and_the_two_ca_bundles() {
+    let r = render(&options().values(serde_json::json!({"metricsApi": {"enabled": true}})));
+    let args = container(&r)["args"].to_string();
+    assert!(
+        args.contains("--metrics-api-cert-secret=ballast-metrics-api-tls"),
+        "{args}"
+    );
+    assert!(args.contains("--metrics-api-port=6443"), "{args}");
+    assert!(
+        args.contains("--metrics-api-service=ballast-metrics-api"),
+        "{args}"
+    );
+    // The Secret: by name, except create, which RBAC cannot limit by name.
+    let role = r
+        .of_kind("Role")
+        .unwrap()
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == "ballast-metrics-api-cert")
+        .expect("the certificate Secret's Role");
+    let (granted, names) = named_grants(&role["rules"], Scope::MetricsApiCertSecret);
+    assert_eq!(granted, declared_in(&[Scope::MetricsApiCertSecret]));
+    assert_eq!(
+        names,
+        BTreeSet::from(["ballast-metrics-api-tls".to_string()])
+    );
+    for rule in role["rules"].as_array().unwrap() {
+        let create_only = rule["verbs"] == serde_json::json!(["create"]);
+        assert_eq!(
+            rule["resourceNames"].is_null(),
+            create_only,
+            "every verb but create is limited by name: {rule}"
+        );
+    }
+    // The APIServices: exactly the two the chart renders, which are the operator's default
+    // --metrics-api-apiservices.
+    let apiservices: BTreeSet<String> = r
+        .of_kind("APIService")
+        .unwrap()
+        .iter()
+        .map(|a| a["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        apiservices,
+        BTreeSet::from([
+            "v1beta1.external.metrics.k8s.io".to_string(),
+            "v1beta2.custom.metrics.k8s.io".to_string()
+        ])
+    );
+    let cabundle = r
+        .of_kind("ClusterRole")
+        .unwrap()
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == "ballast-ballast-system-metrics-api-cabundle")
+        .expect("the caBundle ClusterRole");
+    let (granted, names) = named_grants(&cabundle["rules"], Scope::MetricsApiCaBundle);
+    assert_eq!(granted, declared_in(&[Scope::MetricsApiCaBundle]));
+    assert_eq!(names, apiservices);
+    let defaults = ballast_operator::metrics_api::server::MetricsApiArgs::default_apiservices();
+    assert_eq!(defaults.into_iter().collect::<BTreeSet<_>>(), apiservices);
+    // The Service reaches the leader alone.
+    let svc = r
+        .of_kind("Service")
+        .unwrap()
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == "ballast-metrics-api")
+        .expect("the metrics-API Service");
+    assert_eq!(
+        svc["spec"]["selector"][ballast_operator::labels::METRICS_API_LEADER],
+        "true"
+    );
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "metrics-api");
+    for a in r.of_kind("APIService").unwrap() {
+        assert_eq!(a["spec"]["service"]["name"], "ballast-metrics-api");
+        assert!(a["spec"]["caBundle"].is_null() && a["spec"]["insecureSkipTLSVerify"].is_null());
+    }
+}
+
+#[test]
+fn with_cert_manager_the_operator_reads_files_and_needs_no_secret_rights() {
+    let r = render(
+        &options()
+            .values(serde_json::json!({"metricsApi": {"enabled": true, "certManager": true}})),
+    );
+    let c = container(&r);
+    let args = c["args"].to_string();
+    assert!(
+        args.contains("--metrics-api-cert-file=/var/run/ballast/metrics-api-tls/tls.crt"),
+        "{args}"
+    );
+    assert!(!args.contains("--metrics-api-cert-secret"), "{args}");
+    assert_eq!(
+        c["volumeMounts"][0]["mountPath"],
+        "/var/run/ballast/metrics-api-tls"
+    );
+    let names: Vec<String> = kinds(&r)
+        .into_iter()
+        .map(|(k, n)| format!("{k}/{n}"))
+        .collect();
+    assert!(
+        names.contains(&"Certificate/ballast-metrics-api".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"Issuer/ballast-metrics-api-selfsigned".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains("metrics-api-cert") || n.contains("cabundle")),
+        "{names:?}"
+    );
+    for a in r.of_kind("APIService").unwrap() {
+        assert_eq!(
+            a["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "ballast-system/ballast-metrics-api"
+        );
+    }
 }

@@ -11,12 +11,15 @@
 //! - [`api`]: paths, discovery, `Status` failures and the metric lists, pure;
 //! - [`selector`]: label selectors;
 //! - [`tls`]: the serving certificate and which CA a client certificate chains to;
+//! - [`certs`]: the CA and serving certificate the operator keeps in a Secret itself, and
+//!   the APIServices' `caBundle`;
 //! - [`auth`]: authentication (front proxy, client certificates, TokenReview) and
 //!   authorization (SubjectAccessReview), cached;
 //! - [`server`]: the flags, the accept loop and each request's way through the above.
 
 pub mod api;
 pub mod auth;
+pub mod certs;
 pub mod selector;
 pub mod server;
 pub mod tls;

@@ -59,6 +59,64 @@ pub struct MetricsApiArgs {
         requires = "metrics_api_cert_file"
     )]
     pub metrics_api_key_file: Option<PathBuf>,
+
+    /// Keep a CA and serving certificate in this Secret of the operator's namespace
+    /// (made if missing, renewed before expiry) and put the CA into the APIServices'
+    /// caBundle, instead of certificate files.
+    #[arg(
+        long,
+        env = "BALLAST_METRICS_API_CERT_SECRET",
+        value_name = "NAME",
+        conflicts_with = "metrics_api_cert_file"
+    )]
+    pub metrics_api_cert_secret: Option<String>,
+
+    /// The Service in front of the metrics APIs: the kept certificate is for
+    /// NAME.NAMESPACE.svc and NAME.NAMESPACE.svc.cluster.local.
+    #[arg(
+        long,
+        env = "BALLAST_METRICS_API_SERVICE",
+        value_name = "NAME",
+        default_value = "ballast-metrics-api"
+    )]
+    pub metrics_api_service: String,
+
+    /// The APIServices whose caBundle the kept certificate's CA goes into.
+    #[arg(
+        long,
+        env = "BALLAST_METRICS_API_APISERVICES",
+        value_name = "NAME,…",
+        value_delimiter = ',',
+        default_value = DEFAULT_APISERVICES
+    )]
+    pub metrics_api_apiservices: Vec<String>,
+}
+
+/// The APIServices `--metrics-api-apiservices` names by default.
+const DEFAULT_APISERVICES: &str = "v1beta2.custom.metrics.k8s.io,v1beta1.external.metrics.k8s.io";
+
+impl MetricsApiArgs {
+    /// The APIServices `--metrics-api-apiservices` names by default (the chart renders
+    /// exactly these).
+    pub fn default_apiservices() -> Vec<String> {
+        DEFAULT_APISERVICES.split(',').map(str::to_string).collect()
+    }
+
+    /// Where the operator keeps its own certificate, when `--metrics-api-cert-secret`
+    /// asks it to, in `namespace` (the operator's).
+    pub fn cert_settings(&self, namespace: &str) -> Option<super::certs::Settings> {
+        let secret = self.metrics_api_cert_secret.clone()?;
+        let svc = &self.metrics_api_service;
+        Some(super::certs::Settings {
+            namespace: namespace.to_string(),
+            secret,
+            dns_names: vec![
+                format!("{svc}.{namespace}.svc"),
+                format!("{svc}.{namespace}.svc.cluster.local"),
+            ],
+            apiservices: self.metrics_api_apiservices.clone(),
+        })
+    }
 }
 
 /// Why the metrics APIs cannot start.

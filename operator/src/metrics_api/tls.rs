@@ -96,6 +96,25 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, CertError> {
     Ok(pair)
 }
 
+/// A signing pair from PEM text: a certificate chain and its key.
+pub fn pair_from_pem(cert: &str, key: &str) -> Result<CertifiedKey, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("no PEM certificate: {e}"))?;
+    if chain.is_empty() {
+        return Err("no PEM certificate".into());
+    }
+    let private =
+        PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| format!("no PEM key: {e}"))?;
+    let signer = provider()
+        .key_provider
+        .load_private_key(private)
+        .map_err(|e| e.to_string())?;
+    let pair = CertifiedKey::new(chain, signer);
+    pair.keys_match().map_err(|e| e.to_string())?;
+    Ok(pair)
+}
+
 /// A self-signed serving pair for `names` (DNS names or IP addresses), valid for a year.
 pub fn self_signed(names: &[String]) -> Result<(CertifiedKey, String), CertError> {
     let e = |e: rcgen::Error| CertError::SelfSigned(e.to_string());
@@ -177,6 +196,11 @@ impl ServingCert {
         let pair = load_pair(cert, key)?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pair);
         Ok(true)
+    }
+
+    /// Serves `pair` from now on (the operator's own Secret changed).
+    pub fn replace(&self, pair: CertifiedKey) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pair);
     }
 
     /// The pair in use.

@@ -28,6 +28,9 @@
 //!   and SubjectAccessReviews, to authenticate bearer tokens and authorize every request
 //!   as an aggregated API server does; `metrics_api/server.rs` watches (`list`, `watch`)
 //!   the ConfigMap `kube-system/extension-apiserver-authentication`;
+//! - `metrics_api/certs.rs` (only with `--metrics-api-cert-secret`): `get`, `create` and
+//!   `update` of that Secret in the operator's namespace, `get` and a merge `patch` of the
+//!   APIServices named by `--metrics-api-apiservices` (their `caBundle`);
 //! - `run.rs` (only with `--metrics-api-port`): a merge `patch` of the operator's own pod
 //!   (its leader label), covered by the pods grant above.
 //!
@@ -50,6 +53,13 @@ pub enum Scope {
     /// on: granted by binding the built-in Role `extension-apiserver-authentication-reader`
     /// there, which allows exactly these verbs on exactly that ConfigMap.
     AuthConfigMap,
+    /// Cluster-wide but only the APIServices the operator sets the `caBundle` of
+    /// (`resourceNames`), when it keeps its own certificate.
+    MetricsApiCaBundle,
+    /// The operator's namespace, only the Secret it keeps its certificate in
+    /// (`resourceNames`; `create` cannot be limited by name), when it keeps its own
+    /// certificate.
+    MetricsApiCertSecret,
 }
 
 /// One resource the operator calls, with the verbs it uses on it.
@@ -124,6 +134,18 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "configmaps",
         verbs: &["get", "list", "watch"],
         scope: Scope::AuthConfigMap,
+    },
+    ApiAccess {
+        group: "apiregistration.k8s.io",
+        resource: "apiservices",
+        verbs: &["get", "patch"],
+        scope: Scope::MetricsApiCaBundle,
+    },
+    ApiAccess {
+        group: "",
+        resource: "secrets",
+        verbs: &["get", "create", "update"],
+        scope: Scope::MetricsApiCertSecret,
     },
 ];
 

@@ -30,10 +30,7 @@ use crate::metrics::OperatorMetrics;
 use crate::metrics_api::server::{self, MetricsApiArgs, StartError};
 use crate::metrics_api::values::Board;
 
-/// The label a leading operator puts on its own pod when it serves the metrics APIs: the
-/// chart's metrics-API Service selects it, so that only the leader, which alone has
-/// values, is asked.
-pub const LEADER_LABEL: &str = "ballast.dev/metrics-api-leader";
+use crate::labels::METRICS_API_LEADER as LEADER_LABEL;
 
 /// Sets or clears [`LEADER_LABEL`] on this replica's own pod.
 struct LeaderLabel {
@@ -257,6 +254,12 @@ pub async fn run(
     if let (Some(port), Some(cert)) = (args.metrics_api.metrics_api_port, serving_cert) {
         if let Some(pod) = &pod {
             pod.set(false).await;
+        }
+        if let Some(settings) = args
+            .metrics_api
+            .cert_settings(args.lease_namespace.as_deref().unwrap_or("default"))
+        {
+            crate::metrics_api::certs::keep(client.clone(), settings, Arc::clone(&cert));
         }
         server::start(
             &args.metrics_api,
