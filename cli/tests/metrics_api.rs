@@ -233,6 +233,20 @@ fn the_metrics_apis_through_the_aggregation_layer() {
             .all(|r| r["kind"] == "ExternalMetricValueList")
     );
 
+    // The API server's own discovery lists both groups (the HPA controller finds the
+    // versions there), which it learns from the operator as the aggregator.
+    wait_for(
+        "both groups in the API server's discovery",
+        Duration::from_secs(30),
+        diag,
+        || {
+            let versions = cp.kubectl(&["api-versions"]).ok()?;
+            (versions.contains("custom.metrics.k8s.io/v1beta2")
+                && versions.contains("external.metrics.k8s.io/v1beta1"))
+            .then_some(())
+        },
+    );
+
     // The same through a kube-rs client, as a program would discover it.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let kube_names = rt.block_on(async {

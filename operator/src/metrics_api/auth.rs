@@ -28,6 +28,9 @@ use kube::{Api, Client};
 use super::api::Attributes;
 use super::tls::{ClientCas, PeerCert};
 
+/// The group of every authenticated caller.
+const AUTHENTICATED: &str = "system:authenticated";
+
 /// How long a TokenReview's or SubjectAccessReview's answer is reused.
 pub const CACHE_TTL: Duration = Duration::from_secs(10);
 
@@ -206,6 +209,24 @@ impl Guard {
         cert: &PeerCert,
         headers: &HeaderMap,
     ) -> Result<Caller, Refusal> {
+        // Every authenticated caller is in `system:authenticated`, as the API server puts
+        // it: the aggregator's own discovery and OpenAPI requests (as
+        // `system:kube-aggregator` and `system:aggregator`, with no group) are allowed by
+        // the built-in `system:discovery` role through it.
+        self.identify(config, cert, headers).await.map(|mut c| {
+            if !c.groups.iter().any(|g| g == AUTHENTICATED) {
+                c.groups.push(AUTHENTICATED.into());
+            }
+            c
+        })
+    }
+
+    async fn identify(
+        &self,
+        config: &AuthConfig,
+        cert: &PeerCert,
+        headers: &HeaderMap,
+    ) -> Result<Caller, Refusal> {
         match cert {
             PeerCert::FrontProxy { common_name }
                 if config.allowed_names.is_empty()
@@ -219,11 +240,9 @@ impl Guard {
                 ));
             }
             PeerCert::User { name, groups } => {
-                let mut groups = groups.clone();
-                groups.push("system:authenticated".into());
                 return Ok(Caller {
                     user: name.clone(),
-                    groups,
+                    groups: groups.clone(),
                     ..Caller::default()
                 });
             }
@@ -461,6 +480,11 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(ok.user, "admin");
+        assert_eq!(
+            ok.groups,
+            ["system:masters", "system:authenticated"],
+            "every authenticated caller is in system:authenticated"
+        );
         // A token the API server cannot review is a review failure, not cached.
         h.insert(http::header::AUTHORIZATION, "Bearer abc".parse().unwrap());
         let r = guard.authenticate(&config(), &PeerCert::None, &h).await;

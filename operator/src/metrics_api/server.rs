@@ -347,6 +347,7 @@ async fn handle<B>(shared: &Shared, cert: &PeerCert, req: Request<B>) -> Respons
     }
     let config = shared.config();
     let refused = |r: Refusal| {
+        tracing::debug!(target: "ballast::metrics_api", %path, refusal = ?r, "refused");
         let (code, reason, message) = match r {
             Refusal::Unauthenticated(m) => (StatusCode::UNAUTHORIZED, "Unauthorized", m),
             Refusal::Forbidden(m) => (StatusCode::FORBIDDEN, "Forbidden", m),
