@@ -112,6 +112,18 @@ async fn serve(server: Shared, req: Request<Body>) -> Response<Body> {
         );
     }
     // Collections.
+    if method == "GET" && path.ends_with("/horizontalpodautoscalers") {
+        let items: Vec<Value> = s
+            .objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(&format!("{path}/")))
+            .map(|(_, v)| v.clone())
+            .collect();
+        return respond(
+            StatusCode::OK,
+            &json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscalerList", "metadata": {"resourceVersion": "1"}, "items": items}),
+        );
+    }
     if method == "GET" && path.ends_with("/pods") {
         let items: Vec<Value> = s
             .objects
@@ -351,6 +363,84 @@ async fn autoscaling_off_follows_the_scale_subresource() {
     assert_eq!(event.body["reason"], "FollowingSpecReplicas");
     assert_eq!(event.body["type"], "Normal");
     assert_eq!(stored(&server).status.unwrap().desired_replicas, 5);
+}
+
+/// An HPA targeting a service whose built-in autoscaler is on: the operator does not fight
+/// it. It follows spec.replicas (which the HPA writes), says so in `AutoscalerConflict`
+/// naming the HPA and a Warning Event, and sets the condition False once the HPA is gone.
+#[tokio::test]
+async fn an_hpa_on_a_service_with_the_built_in_autoscaler_on_is_a_conflict_not_a_fight() {
+    let server = Shared::default();
+    let hpas = "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers";
+    for (name, target) in [("chat-hpa", "chat"), ("other-hpa", "other")] {
+        server.lock().unwrap().objects.insert(
+            format!("{hpas}/{name}"),
+            json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                   "metadata": {"name": name, "namespace": "default"},
+                   "spec": {"scaleTargetRef": {"apiVersion": "ballast.dev/v1alpha1", "kind": "InferenceService", "name": target},
+                            "maxReplicas": 5}}),
+        );
+    }
+    // The built-in autoscaler alone would run at least minReplicas (4); the HPA wrote 3.
+    let i = isvc(
+        "{model: {source: 'synthetic:tiny'}, replicas: 3, autoscaling: {minReplicas: 4, maxReplicas: 6}}",
+    );
+    store(&server, &i);
+    reconcile(Arc::new(i), context(&server)).await.unwrap();
+    let w = writes(&server);
+    assert_eq!(
+        write_to(&w, DEPLOYMENT).body["spec"]["replicas"],
+        3,
+        "the HPA's size, not the built-in autoscaler's"
+    );
+    let status = stored(&server).status.unwrap();
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "AutoscalerConflict")
+        .expect("an AutoscalerConflict condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "HorizontalPodAutoscaler")
+    );
+    assert!(
+        c.message.contains("chat-hpa") && !c.message.contains("other-hpa"),
+        "{}",
+        c.message
+    );
+    let event = w
+        .iter()
+        .find(|c| c.path.ends_with("/events") && c.body["reason"] == "AutoscalerConflict")
+        .expect("a Warning Event");
+    assert_eq!(event.body["type"], "Warning");
+    let reason = status.last_decision.clone().unwrap().reason;
+    assert!(
+        ["FollowingSpecReplicas", "AutoscalingDisabled"].contains(&reason.as_str()),
+        "the size is spec.replicas': {reason}"
+    );
+    // The HPA deleted: the built-in autoscaler is back and the condition turns False.
+    server
+        .lock()
+        .unwrap()
+        .objects
+        .remove(&format!("{hpas}/chat-hpa"));
+    clear_calls(&server);
+    let again = stored(&server);
+    reconcile(Arc::new(again), context(&server)).await.unwrap();
+    let status = stored(&server).status.unwrap();
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "AutoscalerConflict")
+        .unwrap();
+    assert_eq!(c.status, "False");
+    // The built-in autoscaler decides again (from the current size, which it does not
+    // cut before a whole scale-down window).
+    let reason = status.last_decision.unwrap().reason;
+    assert!(
+        !["FollowingSpecReplicas", "AutoscalingDisabled"].contains(&reason.as_str()),
+        "{reason}"
+    );
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DynamicObject, ListParams};
@@ -48,6 +49,9 @@ pub struct Stores {
     pub services: Store<Service>,
     /// PodDisruptionBudgets the operator owns.
     pub pdbs: Store<PodDisruptionBudget>,
+    /// HorizontalPodAutoscalers (to tell when one targets an InferenceService whose
+    /// built-in autoscaler is on).
+    pub autoscalers: Store<HorizontalPodAutoscaler>,
 }
 
 /// Watcher settings of the owned kinds: only what the operator labelled, without
@@ -219,6 +223,50 @@ impl Cache {
     ) -> Result<Option<Arc<PodDisruptionBudget>>, kube::Error> {
         self.object(self.store(|s| &s.pdbs).await, namespace, name)
             .await
+    }
+
+    /// The HorizontalPodAutoscalers in `namespace` whose scale target is InferenceService
+    /// `name`, by name. Without the autoscaling/v2 API or the right to list it (404, 403)
+    /// there are none.
+    pub async fn autoscalers(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<String>, kube::Error> {
+        let targets = |h: &HorizontalPodAutoscaler| {
+            h.spec.as_ref().is_some_and(|s| {
+                let r = &s.scale_target_ref;
+                r.kind == "InferenceService"
+                    && r.name == name
+                    && r.api_version
+                        .as_deref()
+                        .is_some_and(|v| v.starts_with("ballast.dev/"))
+            })
+        };
+        let mut names: Vec<String> = match self.store(|s| &s.autoscalers).await {
+            Some(store) => store
+                .state_filter(|h| h.namespace().as_deref() == Some(namespace) && targets(h))
+                .iter()
+                .map(|h| h.name_any())
+                .collect(),
+            None => {
+                match Api::<HorizontalPodAutoscaler>::namespaced(self.client.clone(), namespace)
+                    .list(&ListParams::default())
+                    .await
+                {
+                    Ok(list) => list
+                        .items
+                        .iter()
+                        .filter(|h| targets(h))
+                        .map(|h| h.name_any())
+                        .collect(),
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => Vec::new(),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        names.sort();
+        Ok(names)
     }
 
     /// The engine pods of service `name` in `namespace` (its selector's labels).

@@ -40,6 +40,10 @@ pub struct Plan<'a> {
     pub deletion_costs: Vec<(String, i32)>,
     /// DP weights to set.
     pub dp_weights: Vec<DpWeights>,
+    /// HorizontalPodAutoscalers that size this service while its built-in autoscaler is
+    /// on: the operator then follows `spec.replicas`, which they write, instead of
+    /// fighting them (empty: no conflict).
+    pub conflicting_autoscalers: Vec<String>,
 }
 
 /// What the control period learns of the pods: the size, the ready pods' endpoints, how
@@ -61,13 +65,31 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
     state.period.retain(|pod| ready.contains_key(pod));
     let replicas = replicas(isvc, &snapshot);
     let generation = isvc.metadata.generation;
+    // An HPA sizing a service whose built-in autoscaler is on: leave the size to it
+    // (follow spec.replicas, which it writes) rather than undo each of its writes.
+    let conflicting_autoscalers = if isvc.spec.autoscaling.enabled {
+        snapshot.autoscalers.clone()
+    } else {
+        Vec::new()
+    };
+    let deferring;
+    let spec = if conflicting_autoscalers.is_empty() {
+        &isvc.spec
+    } else {
+        deferring = {
+            let mut s = isvc.spec.clone();
+            s.autoscaling.enabled = false;
+            s
+        };
+        &deferring
+    };
     let decided = if state.period.due(Instant::now()) {
-        match state.period.run(&isvc.spec, &replicas, &ctx.metrics).await {
+        match state.period.run(spec, &replicas, &ctx.metrics).await {
             Period::Seeded(_) => None,
             Period::Decided { fleet, outcome } => Some((fleet, *outcome)),
         }
     } else if state.wanted.is_some_and(|w| w.generation != generation) {
-        state.period.redecide(&isvc.spec, &replicas, &ctx.metrics)
+        state.period.redecide(spec, &replicas, &ctx.metrics)
     } else {
         None
     };
@@ -111,6 +133,7 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
         dp_weights: rebalance.dp_weights,
         outcome,
         snapshot,
+        conflicting_autoscalers,
     }
 }
 

@@ -8,7 +8,9 @@
 //! - `run.rs`: the Controller lists and watches InferenceServices (cluster-wide, or one
 //!   namespace with `--namespace`); one watch each of Deployments, Services,
 //!   PodDisruptionBudgets and pods feeds the reflector stores reconciles read
-//!   (`cache.rs`), so a settled reconcile reads nothing from the API server;
+//!   (`cache.rs`), so a settled reconcile reads nothing from the API server; one watch
+//!   of HorizontalPodAutoscalers tells when one targets an InferenceService whose
+//!   built-in autoscaler is on (a `list` when its store has not synced);
 //! - `cache.rs`: ServiceMonitors are watched into a store too once discovery finds their
 //!   CRD; a store that has not synced within `STORE_SYNC_WAIT` (a watch that cannot list)
 //!   is bypassed: the reconcile `get`s each object (a `list` for pods);
@@ -106,6 +108,11 @@ pub const API_ACCESS: &[ApiAccess] = &[
     cluster("", "pods", &["list", "watch", "patch"]),
     cluster("", "pods/status", &["patch"]),
     cluster("events.k8s.io", "events", &["create", "patch"]),
+    cluster(
+        "autoscaling",
+        "horizontalpodautoscalers",
+        &["list", "watch"],
+    ),
     cluster(
         "monitoring.coreos.com",
         "servicemonitors",

@@ -112,6 +112,37 @@ pub fn status_at(n: NewStatus<'_>, progress: Progress) -> InferenceServiceStatus
     })
 }
 
+/// The condition type set when a HorizontalPodAutoscaler targets a service whose built-in
+/// autoscaler is on (also the Event's reason).
+pub const AUTOSCALER_CONFLICT: &str = "AutoscalerConflict";
+
+/// `AutoscalerConflict=True` naming the HPAs that target a service whose built-in
+/// autoscaler is on; `False` once none does, if it was ever set; else nothing.
+pub fn autoscaler_conflict(
+    hpas: &[String],
+    live: Option<&Condition>,
+) -> Option<ConditionSet<'static>> {
+    if hpas.is_empty() {
+        return live.map(|_| ConditionSet {
+            type_: AUTOSCALER_CONFLICT,
+            status: false,
+            reason: "OneAutoscaler",
+            message:
+                "no HorizontalPodAutoscaler targets this service while autoscaling.enabled is true"
+                    .into(),
+        });
+    }
+    Some(ConditionSet {
+        type_: AUTOSCALER_CONFLICT,
+        status: true,
+        reason: "HorizontalPodAutoscaler",
+        message: format!(
+            "HorizontalPodAutoscaler {} targets this service while autoscaling.enabled is true: following spec.replicas, which it writes, instead of the built-in autoscaler; set autoscaling.enabled: false, or delete the HPA",
+            hpas.join(", ")
+        ),
+    })
+}
+
 /// `Degraded=True` when engine pods cannot run: reason `ImagePullFailed`,
 /// `ContainerCreateFailed` or `EngineCrashLoop` (the most actionable kind among the failing
 /// pods), and a message naming the pod, container, kubelet reason and message (and how
@@ -243,6 +274,15 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
         }
     });
     conditions.extend(degraded);
+    // An HPA that sizes the service while the built-in autoscaler is on: said in a
+    // condition naming it (and an Event when it starts), False again once it is gone.
+    let live_conflict = live_condition(isvc, AUTOSCALER_CONFLICT);
+    let conflict = autoscaler_conflict(&plan.conflicting_autoscalers, live_conflict);
+    let conflict_event = conflict
+        .as_ref()
+        .filter(|c| c.status && live_conflict.is_none_or(|l| l.status != "True"))
+        .map(|c| c.message.clone());
+    conditions.extend(conflict);
     let desired = plan.wanted.replicas;
     let s = status_at(
         NewStatus {
@@ -263,6 +303,10 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
     ctx.count_write(&ns, &name, "status", wrote);
     if let (true, Some((type_, reason, message))) = (wrote, degraded_event) {
         ctx.event(isvc, type_, reason, message).await;
+    }
+    if let (true, Some(message)) = (wrote, conflict_event) {
+        ctx.event(isvc, EventType::Warning, AUTOSCALER_CONFLICT, message)
+            .await;
     }
     if let Some(o) = outcome.filter(|o| o.action != ballast_crds::Action::Hold) {
         ctx.event(

@@ -14,6 +14,7 @@ use ballast_crds::InferenceService;
 use clap::Args;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -337,11 +338,23 @@ pub async fn run(
             tracing::debug!(target: "ballast::operator", error = %e, "pod watch");
         }
     }));
+    // HorizontalPodAutoscalers only for the store too: a reconcile reads whether one
+    // targets its service each period (AutoscalerConflict).
+    let (autoscalers, autoscaler_events) = reflect(
+        api::<HorizontalPodAutoscaler>(&client, ns),
+        watcher::Config::default(),
+    );
+    tokio::spawn(autoscaler_events.for_each(|event| async move {
+        if let Err(e) = event {
+            tracing::debug!(target: "ballast::operator", error = %e, "HorizontalPodAutoscaler watch");
+        }
+    }));
     let stores = Stores {
         deployments,
         pods,
         services,
         pdbs,
+        autoscalers,
     };
     let recorder = Recorder::new(
         client.clone(),

@@ -202,6 +202,8 @@ pub struct Snapshot {
     pub service_monitor: MonitorState,
     /// Its pods, by name.
     pub pods: Vec<PodView>,
+    /// HorizontalPodAutoscalers that target it, by name.
+    pub autoscalers: Vec<String>,
 }
 
 impl Default for Snapshot {
@@ -212,6 +214,7 @@ impl Default for Snapshot {
             pdb: None,
             service_monitor: MonitorState::NotInstalled,
             pods: Vec::new(),
+            autoscalers: Vec::new(),
         }
     }
 }
@@ -303,6 +306,7 @@ pub async fn read(cache: &Cache, isvc: &InferenceService) -> Result<Snapshot, ku
         service: cache.service(&ns, &name).await?,
         pdb: cache.pdb(&ns, &name).await?,
         service_monitor: cache.service_monitor(&ns, &name).await?,
+        autoscalers: cache.autoscalers(&ns, &name).await?,
         pods,
     })
 }
