@@ -605,6 +605,174 @@ fn ballast_on_a_real_cluster() {
         (s["desiredReplicas"] == 1 && s["replicas"] == 1).then_some(())
     });
 
+    // 2b. A real HorizontalPodAutoscaler on Ballast's signals: the built-in autoscaler off,
+    // an autoscaling/v2 HPA whose Object metric is capacity_waiting_per_replica on the
+    // InferenceService (target 2 per replica). The HPA controller calls through the
+    // aggregation layer as its own ServiceAccount and scales through the scale
+    // subresource; a load step scales it up within three sync periods (5 s here), with no
+    // failed request, and it comes back after its 10 s scale-down window.
+    cp.apply(&isvc(
+        "hpa",
+        "{model: {source: 'synthetic:tiny'}, replicas: 1, engine: {maxNumSeqs: 2}, autoscaling: {enabled: false}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
+    ))
+    .unwrap();
+    cp.apply(&format!(
+        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: hpa, namespace: {NS}}}\nspec:\n  scaleTargetRef: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: hpa}}\n  minReplicas: 1\n  maxReplicas: 3\n  metrics:\n  - type: Object\n    object:\n      describedObject: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: hpa}}\n      metric: {{name: capacity_waiting_per_replica}}\n      target: {{type: Value, value: \"2\"}}\n  behavior:\n    scaleUp: {{stabilizationWindowSeconds: 0}}\n    scaleDown: {{stabilizationWindowSeconds: 10, policies: [{{type: Percent, value: 100, periodSeconds: 5}}]}}\n"
+    ))
+    .unwrap();
+    w.wait_for("hpa ready", Duration::from_secs(90), || {
+        (w.status("hpa")["readyReplicas"] == 1).then_some(())
+    });
+    // Idle, the HPA reads the metric (0 waiting) and shows it.
+    let hpa = w.wait_for(
+        "the HPA reading the metric",
+        Duration::from_secs(60),
+        || {
+            let h = w.json(&["get", "hpa", "hpa", "-n", NS]);
+            let current =
+                h["status"]["currentMetrics"][0]["object"]["current"]["value"].as_str()?;
+            (quantity(current) == 0.0).then_some(h)
+        },
+    );
+    assert_eq!(hpa["status"]["currentReplicas"], 1, "{hpa:#}");
+    let table = cp.kubectl(&["get", "hpa", "hpa", "-n", NS]).unwrap();
+    assert!(
+        table.contains("0/2"),
+        "kubectl get hpa shows the value and its target:\n{table}"
+    );
+    w.wait_for("hpa's endpoints", Duration::from_secs(30), || {
+        (w.ready_endpoints("hpa").len() == 1).then_some(())
+    });
+    let hpa_url = w.service_url("hpa");
+    let report = dir.join("hpa-bench.json");
+    let load = bench(
+        &hpa_url,
+        &report,
+        &[
+            "--concurrency",
+            "16",
+            "--duration",
+            "20",
+            "--input-len",
+            "32",
+            "--output-len",
+            "300",
+            "--ignore-eos",
+        ],
+    );
+    let load_start = Instant::now();
+    let up = w.wait_for("the HPA scaling hpa up", Duration::from_secs(40), || {
+        let spec =
+            w.json(&["get", "inferenceservice", "hpa", "-n", NS])["spec"]["replicas"].as_i64()?;
+        (spec > 1).then_some(spec)
+    });
+    let to_scale = load_start.elapsed();
+    let described = cp
+        .kubectl(&["describe", "hpa", "hpa", "-n", NS])
+        .unwrap_or_default();
+    eprintln!(
+        "HPA on capacity_waiting_per_replica: load step → spec.replicas {up} in {to_scale:?} (sync every 5 s)\n{described}"
+    );
+    assert!(
+        to_scale <= Duration::from_secs(20),
+        "the HPA took {to_scale:?}, more than three 5 s sync periods and a control period:\n{described}"
+    );
+    w.wait_for("hpa's new pods ready", Duration::from_secs(60), || {
+        (w.status("hpa")["readyReplicas"].as_i64() > Some(1)).then_some(())
+    });
+    bench_report(load, &report, 17, "load while the HPA scales");
+    let down_start = Instant::now();
+    w.wait_for(
+        "the HPA scaling hpa back down",
+        Duration::from_secs(90),
+        || {
+            let spec = w.json(&["get", "inferenceservice", "hpa", "-n", NS])["spec"]["replicas"]
+                .as_i64()?;
+            (spec == 1).then_some(())
+        },
+    );
+    eprintln!(
+        "HPA scale-down after the load: {:?} (window 10 s)",
+        down_start.elapsed()
+    );
+    let events = cp
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "involvedObject.kind=HorizontalPodAutoscaler",
+        ])
+        .unwrap_or_default();
+    assert!(events.contains("SuccessfulRescale"), "{events}");
+    // Before the operator's first decision on a new service the metric is absent, and
+    // the HPA says why instead of reading a 0.
+    for line in events
+        .lines()
+        .filter(|l| l.contains("FailedGetObjectMetric"))
+    {
+        assert!(line.contains("is absent"), "{line}");
+    }
+    // One autoscaler at a time: the built-in one turned on under the HPA, the operator
+    // does not fight it but says so, naming it, and keeps spec.replicas (the HPA's).
+    cp.kubectl(&[
+        "patch",
+        "inferenceservice",
+        "hpa",
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"autoscaling":{"enabled":true,"minReplicas":2,"maxReplicas":3}}}"#,
+    ])
+    .unwrap();
+    let conflict = w.wait_for("AutoscalerConflict", Duration::from_secs(30), || {
+        let s = w.status("hpa");
+        let c = s["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "AutoscalerConflict" && c["status"] == "True")?
+            .clone();
+        Some((c, s))
+    });
+    assert!(
+        conflict.0["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("HorizontalPodAutoscaler hpa"),
+        "{:#}",
+        conflict.0
+    );
+    assert_eq!(
+        conflict.1["desiredReplicas"], 1,
+        "the HPA's size (spec.replicas), not the built-in minReplicas: {:#}",
+        conflict.1
+    );
+    let events = cp
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "reason=AutoscalerConflict",
+        ])
+        .unwrap();
+    assert!(events.contains("Warning"), "{events}");
+    cp.kubectl(&["delete", "hpa", "hpa", "-n", NS]).unwrap();
+    w.wait_for("the conflict cleared", Duration::from_secs(30), || {
+        let s = w.status("hpa");
+        s["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "AutoscalerConflict" && c["status"] == "False")
+            .then_some(())
+    });
+    cp.kubectl(&["delete", "inferenceservice", "hpa", "-n", NS])
+        .unwrap();
+
     // 3. A rolling update under load: changing the engine's arguments rolls the pods
     // (a surge pod first, the old one drained on SIGTERM), and no request fails.
     let before: Vec<String> = w

@@ -348,7 +348,11 @@ impl ControlPlane {
                 .args(["--secure-port", &free_port().to_string()])
                 .args(["--service-account-private-key-file", &p("sa.key")])
                 .args(["--root-ca-file", &p("ca.crt")])
-                .args(["--use-service-account-credentials=false"])
+                // Each controller calls as its own ServiceAccount, as kubeadm sets it up:
+                // the HPA controller reaches the metrics APIs as
+                // system:serviceaccount:kube-system:horizontal-pod-autoscaler.
+                .args(["--use-service-account-credentials=true"])
+                .args(["--horizontal-pod-autoscaler-sync-period", "5s"])
                 // No cloud, no node IPAM or routes (the node's pod CIDR is its own);
                 // the node lifecycle controller lifts the not-ready taint once the
                 // kubelet reports Ready.
