@@ -187,6 +187,26 @@ impl World {
         }
     }
 
+    /// An InferenceService's Object metric through the aggregation layer (`None`: absent
+    /// or unreadable).
+    fn object_metric(&self, service: &str, metric: &str) -> Option<f64> {
+        let raw = self
+            .cp()
+            .kubectl(&[
+                "get",
+                "--raw",
+                &format!("/apis/custom.metrics.k8s.io/v1beta2/namespaces/{NS}/inferenceservices.ballast.dev/{service}/{metric}"),
+            ])
+            .ok()?;
+        let v: Value = serde_json::from_str(&raw).ok()?;
+        Some(quantity(v["items"][0]["value"].as_str()?))
+    }
+
+    /// An InferenceService's `spec.replicas` (what an HPA writes).
+    fn spec_replicas(&self, service: &str) -> Option<i64> {
+        self.json(&["get", "inferenceservice", service, "-n", NS])["spec"]["replicas"].as_i64()
+    }
+
     /// The pods behind the metrics-API Service (its Endpoints' target names).
     fn metrics_api_pods(&self) -> Vec<String> {
         let ep = self.json(&["get", "endpoints", "ballast-metrics-api", "-n", OPERATOR_NS]);
@@ -557,17 +577,7 @@ fn ballast_on_a_real_cluster() {
     // status shows for the same period: read status, metrics, status; when both status
     // reads name the same decision the metrics must be that decision's (or the next one's,
     // published a moment before its status is written: then a later read matches).
-    let metric = |m: &str| -> Option<f64> {
-        let raw = cp
-            .kubectl(&[
-                "get",
-                "--raw",
-                &format!("/apis/custom.metrics.k8s.io/v1beta2/namespaces/{NS}/inferenceservices.ballast.dev/chat/{m}"),
-            ])
-            .ok()?;
-        let v: Value = serde_json::from_str(&raw).ok()?;
-        Some(quantity(v["items"][0]["value"].as_str()?))
-    };
+    let metric = |m: &str| w.object_metric("chat", m);
     let mut seen = Vec::new();
     let (kv, recommended) = w.wait_for(
         "kv_cache_usage and recommended_replicas equal to status for one decision",
@@ -613,7 +623,7 @@ fn ballast_on_a_real_cluster() {
     // failed request, and it comes back after its 10 s scale-down window.
     cp.apply(&isvc(
         "hpa",
-        "{model: {source: 'synthetic:tiny'}, replicas: 1, engine: {maxNumSeqs: 2}, autoscaling: {enabled: false}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
+        "{model: {source: 'synthetic:tiny'}, replicas: 1, engine: {maxNumSeqs: 8, maxRunningPerTenant: 1}, autoscaling: {enabled: false, minReplicas: 1, maxReplicas: 3, targets: {capacityWaitingPerReplica: 2}, behavior: {scaleDown: {stabilizationWindowSeconds: 6}}}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
     ))
     .unwrap();
     cp.apply(&format!(
@@ -644,6 +654,45 @@ fn ballast_on_a_real_cluster() {
         (w.ready_endpoints("hpa").len() == 1).then_some(())
     });
     let hpa_url = w.service_url("hpa");
+    // Tenant-deferred load alone (one tenant, capped at one running request) never scales
+    // it up: those requests wait on their tenant's cap, which more replicas do not lift,
+    // and capacity_waiting_per_replica leaves them out.
+    let report = dir.join("hpa-deferred.json");
+    let load = bench(
+        &hpa_url,
+        &report,
+        &[
+            "--concurrency",
+            "12",
+            "--duration",
+            "10",
+            "--tenants",
+            "1",
+            "--input-len",
+            "16",
+            "--output-len",
+            "300",
+            "--ignore-eos",
+        ],
+    );
+    let until = Instant::now() + Duration::from_secs(16); // the load and one sync period
+    let mut deferred_peak = 0.0f64;
+    while Instant::now() < until {
+        let replicas = w.spec_replicas("hpa");
+        assert_eq!(
+            replicas,
+            Some(1),
+            "tenant-deferred load scaled the HPA:\n{}",
+            cp.kubectl(&["describe", "hpa", "hpa", "-n", NS])
+                .unwrap_or_default()
+        );
+        deferred_peak =
+            deferred_peak.max(w.object_metric("hpa", "deferred_waiting").unwrap_or(0.0));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    bench_report(load, &report, 1, "tenant-deferred load");
+    eprintln!("tenant-deferred load: deferred_waiting up to {deferred_peak}, the HPA held at 1");
+    assert!(deferred_peak > 0.0, "the load was deferred");
     let report = dir.join("hpa-bench.json");
     let load = bench(
         &hpa_url,
@@ -770,6 +819,109 @@ fn ballast_on_a_real_cluster() {
             .any(|c| c["type"] == "AutoscalerConflict" && c["status"] == "False")
             .then_some(())
     });
+
+    // An HPA that follows the operator's whole decision: recommended_replicas with
+    // AverageValue 1, the built-in autoscaler off again (the HPA the only writer). On the
+    // same load step it reaches the count the operator recommends within one sync period,
+    // and follows it back down.
+    cp.kubectl(&[
+        "patch",
+        "inferenceservice",
+        "hpa",
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"autoscaling":{"enabled":false,"minReplicas":1,"maxReplicas":3}}}"#,
+    ])
+    .unwrap();
+    cp.apply(&format!(
+        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: follow, namespace: {NS}}}\nspec:\n  scaleTargetRef: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: hpa}}\n  minReplicas: 1\n  maxReplicas: 3\n  metrics:\n  - type: Object\n    object:\n      describedObject: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: hpa}}\n      metric: {{name: recommended_replicas}}\n      target: {{type: AverageValue, averageValue: \"1\"}}\n  behavior:\n    scaleUp: {{stabilizationWindowSeconds: 0}}\n    scaleDown: {{stabilizationWindowSeconds: 0, policies: [{{type: Percent, value: 100, periodSeconds: 5}}]}}\n"
+    ))
+    .unwrap();
+    w.wait_for(
+        "the follower at the recommended 1",
+        Duration::from_secs(60),
+        || {
+            (w.object_metric("hpa", "recommended_replicas") == Some(1.0)
+                && w.spec_replicas("hpa") == Some(1)
+                && w.status("hpa")["readyReplicas"] == 1)
+                .then_some(())
+        },
+    );
+    w.wait_for("hpa's endpoint", Duration::from_secs(30), || {
+        (w.ready_endpoints("hpa").len() == 1).then_some(())
+    });
+    let report = dir.join("hpa-follow.json");
+    let load = bench(
+        &hpa_url,
+        &report,
+        &[
+            "--concurrency",
+            "16",
+            "--duration",
+            "20",
+            "--input-len",
+            "32",
+            "--output-len",
+            "300",
+            "--ignore-eos",
+        ],
+    );
+    // (seconds since the load began, recommended_replicas, spec.replicas)
+    let t0 = Instant::now();
+    let mut samples: Vec<(f64, Option<f64>, Option<i64>)> = Vec::new();
+    while t0.elapsed() < Duration::from_secs(50) {
+        samples.push((
+            t0.elapsed().as_secs_f64(),
+            w.object_metric("hpa", "recommended_replicas"),
+            w.spec_replicas("hpa"),
+        ));
+        if t0.elapsed() > Duration::from_secs(25) && samples.last().is_some_and(|s| s.2 == Some(1))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    bench_report(
+        load,
+        &report,
+        17,
+        "load while the HPA follows recommended_replicas",
+    );
+    let shown: Vec<String> = samples
+        .iter()
+        .map(|(t, r, n)| format!("{t:.1}s {r:?}/{n:?}"))
+        .collect();
+    let peak_recommended = samples.iter().filter_map(|s| s.1).fold(0.0, f64::max);
+    let first = |f: &dyn Fn(&(f64, Option<f64>, Option<i64>)) -> bool| {
+        samples.iter().find(|s| f(s)).map(|s| s.0)
+    };
+    let recommended_at = first(&|s| s.1 == Some(peak_recommended));
+    let followed_at = first(&|s| s.2 == Some(peak_recommended as i64));
+    eprintln!(
+        "HPA on recommended_replicas: peak {peak_recommended} recommended at {recommended_at:?} s, spec.replicas there at {followed_at:?} s (sync 5 s); samples: {}",
+        shown.join(", ")
+    );
+    assert_eq!(
+        peak_recommended, 3.0,
+        "the operator recommends the built-in maximum under this load: {shown:?}"
+    );
+    let (Some(r), Some(f)) = (recommended_at, followed_at) else {
+        panic!("the HPA never reached the recommended {peak_recommended}: {shown:?}");
+    };
+    assert!(
+        f - r <= 7.0,
+        "the HPA followed after {:.1} s, more than one 5 s sync period and a control period: {shown:?}",
+        f - r
+    );
+    assert_eq!(
+        samples.last().and_then(|s| s.2),
+        Some(1),
+        "back down with the recommendation: {shown:?}"
+    );
+    cp.kubectl(&["delete", "hpa", "follow", "-n", NS]).unwrap();
     cp.kubectl(&["delete", "inferenceservice", "hpa", "-n", NS])
         .unwrap();
 
