@@ -46,6 +46,9 @@ operator:
   logLevel: info
 "#;
 
+/// Seconds since a load began, `recommended_replicas` then, and `spec.replicas` then.
+type Sample = (f64, Option<f64>, Option<i64>);
+
 /// A quantity as the metrics APIs write it (`2`, `500m`, `400u`, `333n`).
 fn quantity(q: &str) -> f64 {
     let (digits, scale) = match q.as_bytes().last() {
@@ -871,7 +874,7 @@ fn ballast_on_a_real_cluster() {
     );
     // (seconds since the load began, recommended_replicas, spec.replicas)
     let t0 = Instant::now();
-    let mut samples: Vec<(f64, Option<f64>, Option<i64>)> = Vec::new();
+    let mut samples: Vec<Sample> = Vec::new();
     while t0.elapsed() < Duration::from_secs(50) {
         samples.push((
             t0.elapsed().as_secs_f64(),
@@ -895,9 +898,7 @@ fn ballast_on_a_real_cluster() {
         .map(|(t, r, n)| format!("{t:.1}s {r:?}/{n:?}"))
         .collect();
     let peak_recommended = samples.iter().filter_map(|s| s.1).fold(0.0, f64::max);
-    let first = |f: &dyn Fn(&(f64, Option<f64>, Option<i64>)) -> bool| {
-        samples.iter().find(|s| f(s)).map(|s| s.0)
-    };
+    let first = |f: &dyn Fn(&Sample) -> bool| samples.iter().find(|s| f(s)).map(|s| s.0);
     let recommended_at = first(&|s| s.1 == Some(peak_recommended));
     let followed_at = first(&|s| s.2 == Some(peak_recommended as i64));
     eprintln!(
