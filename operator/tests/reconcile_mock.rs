@@ -111,8 +111,18 @@ async fn serve(server: Shared, req: Request<Body>) -> Response<Body> {
             &status_body(code, "InternalError"),
         );
     }
-    // Collections.
-    if method == "GET" && path.ends_with("/horizontalpodautoscalers") {
+    // Collections: every stored object under the path.
+    let list = [
+        (
+            "/horizontalpodautoscalers",
+            "autoscaling/v2",
+            "HorizontalPodAutoscalerList",
+        ),
+        ("/pods", "v1", "PodList"),
+    ]
+    .into_iter()
+    .find(|(suffix, _, _)| method == "GET" && path.ends_with(suffix));
+    if let Some((_, api_version, kind)) = list {
         let items: Vec<Value> = s
             .objects
             .iter()
@@ -121,19 +131,7 @@ async fn serve(server: Shared, req: Request<Body>) -> Response<Body> {
             .collect();
         return respond(
             StatusCode::OK,
-            &json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscalerList", "metadata": {"resourceVersion": "1"}, "items": items}),
-        );
-    }
-    if method == "GET" && path.ends_with("/pods") {
-        let items: Vec<Value> = s
-            .objects
-            .iter()
-            .filter(|(k, _)| k.starts_with(&format!("{path}/")))
-            .map(|(_, v)| v.clone())
-            .collect();
-        return respond(
-            StatusCode::OK,
-            &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items}),
+            &json!({"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}),
         );
     }
     if path == "/apis/monitoring.coreos.com/v1" {
