@@ -62,6 +62,14 @@ pub struct EngineArgs {
     )]
     pub grpc_port: u16,
 
+    /// File of control tokens, one a line: every control-API call must then carry
+    /// `authorization: Bearer TOKEN` with one of them (the operator mounts one per
+    /// InferenceService). Re-read every 2 s when its content changes, so a token rotates
+    /// without a restart; a missing, empty or unreadable file at start is an error.
+    /// Without it the control API answers anyone who reaches --grpc-port.
+    #[arg(long, env = "BALLAST_CONTROL_TOKEN_FILE", value_name = "PATH")]
+    pub control_token_file: Option<PathBuf>,
+
     /// Data-parallel ranks in this process, each with its own scheduler and KV pool,
     /// stepping in lockstep. Metric label `engine` is the rank.
     #[arg(
@@ -616,6 +624,8 @@ pub struct EngineConfig {
     pub port: u16,
     /// Control API port (0: disabled).
     pub grpc_port: u16,
+    /// `--control-token-file`: the tokens the control API requires (`None`: it is open).
+    pub control_tokens: ApiKeys,
     /// DP ranks.
     pub data_parallel_size: usize,
     /// Rank assignment.
@@ -807,6 +817,7 @@ impl EngineConfig {
             host: a.host,
             port: a.port,
             grpc_port: a.grpc_port,
+            control_tokens: control_tokens(a)?,
             data_parallel_size: a.data_parallel_size,
             dispatch_policy: a.dispatch_policy,
             scheduler: SchedulerConfig {
@@ -847,6 +858,21 @@ impl EngineConfig {
     pub fn max_model_len(&self) -> usize {
         self.scheduler.max_model_len
     }
+}
+
+/// The control tokens of `--control-token-file`: a missing, empty or unreadable file is
+/// an error naming the file (and never its content).
+fn control_tokens(a: &EngineArgs) -> Result<ApiKeys, ConfigError> {
+    let Some(path) = &a.control_token_file else {
+        return Ok(ApiKeys::None);
+    };
+    let (text, keys) = read_api_key_file(path)
+        .map_err(|e| bad("control-token-file", format!("{}: {e}", path.display())))?;
+    Ok(ApiKeys::File {
+        path: path.clone(),
+        text,
+        keys,
+    })
 }
 
 /// The API keys the flags name. Never falls back to no key when one was meant: an empty
@@ -1075,6 +1101,16 @@ mod tests {
             Cli::try_parse_from(["engine", "--api-key", "a", "--api-key-file", "/x"]).is_err(),
             "one source of keys"
         );
+        assert_eq!(
+            c.control_tokens,
+            ApiKeys::None,
+            "the control API is open by default"
+        );
+        let path = key_file("control.token", b"tok-new\ntok-old\n");
+        let c = EngineConfig::from_args(&parse(&["--control-token-file", path.to_str().unwrap()]))
+            .unwrap();
+        assert!(matches!(&c.control_tokens, ApiKeys::File { keys, .. } if keys.len() == 2));
+        assert_eq!(c.api_keys, ApiKeys::None, "control tokens are no API keys");
     }
 
     #[test]
@@ -1112,6 +1148,32 @@ mod tests {
                         .to_string(),
                 ],
                 "api-key-file",
+                "line 1",
+            ),
+            (
+                vec![
+                    "--control-token-file".into(),
+                    "/no/such/control.token".into(),
+                ],
+                "control-token-file",
+                "/no/such/control.token: cannot be read",
+            ),
+            (
+                vec![
+                    "--control-token-file".into(),
+                    key_file("empty.token", b"\n").display().to_string(),
+                ],
+                "control-token-file",
+                "holds no key",
+            ),
+            (
+                vec![
+                    "--control-token-file".into(),
+                    key_file("bad.token", format!("{secret} x\n").as_bytes())
+                        .display()
+                        .to_string(),
+                ],
+                "control-token-file",
                 "line 1",
             ),
             (vec!["--api-key".into(), " ".into()], "api-key", "is empty"),

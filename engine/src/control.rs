@@ -1,14 +1,22 @@
 //! The engine control API (tonic gRPC, `--grpc-port`): stats snapshots and a stats stream
 //! for the operator, DP dispatch weights, drain and resume of admission, and prefix-cache
 //! reset. The .proto lives in `engine/proto/` and is compiled by protox in build.rs.
+//!
+//! With `--control-token-file` every call must carry `authorization: Bearer TOKEN` with one
+//! of the file's tokens ([`ControlAuth`]); without it the API is open and the engine says so
+//! in its log at start.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::Stream;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
+use crate::server::auth::{KeyRing, Refusal};
 
 /// Generated protobuf types and gRPC stubs.
 #[allow(missing_docs, clippy::all)]
@@ -24,9 +32,74 @@ pub struct ControlService {
 }
 
 impl ControlService {
-    /// The service, ready to add to a tonic server.
-    pub fn server(engine: Engine) -> EngineControlServer<Self> {
-        EngineControlServer::new(Self { engine })
+    /// The service behind its token check ([`ControlAuth`], from the engine's
+    /// `--control-token-file`), ready to add to a tonic server. Inside a Tokio runtime the
+    /// token file is re-read while the service lives.
+    pub fn server(engine: Engine) -> InterceptedService<EngineControlServer<Self>, ControlAuth> {
+        let auth = ControlAuth::new(&engine);
+        EngineControlServer::with_interceptor(Self { engine }, auth)
+    }
+}
+
+/// The control API's token check: with `--control-token-file`, a call without
+/// `authorization: Bearer TOKEN` metadata naming one of the file's tokens is refused as
+/// `UNAUTHENTICATED` before it reaches the service, and counted in
+/// `ballast_control_requests_refused_total` by reason. Tokens are compared in constant time
+/// and never logged or echoed.
+#[derive(Clone)]
+pub struct ControlAuth {
+    /// `None`: the API is open.
+    tokens: Option<Arc<KeyRing>>,
+    engine: Engine,
+}
+
+impl ControlAuth {
+    /// The check of `engine`'s configuration. Logs a warning when the API is open.
+    pub fn new(engine: &Engine) -> Self {
+        let tokens = KeyRing::new(&engine.config().control_tokens, "control token file");
+        if tokens.is_none() {
+            tracing::warn!(
+                "the control API is open: anyone who reaches --grpc-port can drain this engine \
+                 or change its DP weights; give --control-token-file to require a token"
+            );
+        }
+        Self {
+            tokens,
+            engine: engine.clone(),
+        }
+    }
+
+    /// Whether a call with this metadata may go on.
+    pub fn check(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Refusal> {
+        let Some(tokens) = &self.tokens else {
+            return Ok(());
+        };
+        let mut values = metadata.get_all("authorization").iter();
+        let first = values.next();
+        tokens.check(first.map(|v| v.as_bytes()), values.next().is_some())
+    }
+}
+
+impl Interceptor for ControlAuth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        match self.check(req.metadata()) {
+            Ok(()) => Ok(req),
+            Err(refusal) => {
+                self.engine
+                    .metrics()
+                    .observe_control_refusal(refusal.label());
+                let message = match refusal {
+                    Refusal::Missing => {
+                        "missing control token: send `authorization: Bearer TOKEN` metadata"
+                    }
+                    Refusal::Malformed => {
+                        "malformed authorization metadata: expected `Bearer TOKEN`"
+                    }
+                    Refusal::Wrong => "invalid control token",
+                };
+                Err(Status::unauthenticated(message))
+            }
+        }
     }
 }
 

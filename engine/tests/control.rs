@@ -167,3 +167,107 @@ async fn prefix_cache_reset_is_refused_while_blocks_are_in_use() {
         "the cache was forgotten"
     );
 }
+
+/// A request with `authorization` metadata, if any.
+fn with_token<T>(msg: T, auth: Option<&str>) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(a) = auth {
+        req.metadata_mut()
+            .insert("authorization", a.parse().unwrap());
+    }
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_token_file_guards_every_call_and_rotates_without_a_restart() {
+    const OLD: &str = "ctl-old-8c1f0b7a2e";
+    const NEW: &str = "ctl-new-1d9e4a6b30";
+    let dir = std::env::temp_dir().join(format!("ballast-control-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{OLD}\n")).unwrap();
+    let s = start(&["--control-token-file", file.to_str().unwrap()]).await;
+    let mut c = control(&s).await;
+
+    let refused = |r: Result<tonic::Response<_>, tonic::Status>| {
+        let status = r
+            .map(|_: tonic::Response<ballast_engine::control::proto::DrainResponse>| ())
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        assert!(!status.message().contains(OLD) && !status.message().contains(NEW));
+        status.message().to_string()
+    };
+    // Without a token, with a malformed one, with a wrong one: refused, nothing drained.
+    let m = refused(c.drain(with_token(DrainRequest {}, None)).await);
+    assert!(m.contains("missing control token"), "{m}");
+    let m = refused(c.drain(with_token(DrainRequest {}, Some(OLD))).await);
+    assert!(m.contains("malformed"), "{m}");
+    let m = refused(
+        c.drain(with_token(DrainRequest {}, Some("Bearer ctl-guess")))
+            .await,
+    );
+    assert!(m.contains("invalid control token"), "{m}");
+    assert!(!s.engine.is_draining(), "a refused drain drained");
+    let stats = c.get_stats(with_token(GetStatsRequest {}, None)).await;
+    assert_eq!(stats.unwrap_err().code(), tonic::Code::Unauthenticated);
+    let series = |reason: &str| {
+        format!(
+            "ballast_control_requests_refused_total{{model_name=\"synthetic:tiny\",reason=\"{reason}\"}}"
+        )
+    };
+    assert_eq!(s.metric(&series("missing")).await, 2.0);
+    assert_eq!(s.metric(&series("malformed")).await, 1.0);
+    assert_eq!(s.metric(&series("wrong")).await, 1.0);
+    let metrics = s.metrics().await;
+    assert!(!metrics.contains(OLD) && !metrics.contains("ctl-guess"));
+
+    // With the right one: served.
+    let bearer_old = format!("Bearer {OLD}");
+    c.drain(with_token(DrainRequest {}, Some(&bearer_old)))
+        .await
+        .unwrap();
+    assert!(s.engine.is_draining());
+    c.resume(with_token(ResumeRequest {}, Some(&bearer_old)))
+        .await
+        .unwrap();
+
+    // Rotation: the file gains the new token, then loses the old; the engine follows
+    // within its poll (2 s) and never restarts.
+    let bearer_new = format!("Bearer {NEW}");
+    std::fs::write(&file, format!("{NEW}\n{OLD}\n")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c
+        .get_stats(with_token(GetStatsRequest {}, Some(&bearer_new)))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new token was never read"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.get_stats(with_token(GetStatsRequest {}, Some(&bearer_old)))
+        .await
+        .expect("both tokens are valid while the file holds both");
+    std::fs::write(&file, format!("{NEW}\n")).unwrap();
+    while c
+        .get_stats(with_token(GetStatsRequest {}, Some(&bearer_old)))
+        .await
+        .is_ok()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old token stayed valid"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A file that becomes unreadable keeps the last good token.
+    std::fs::remove_file(&file).unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    c.get_stats(with_token(GetStatsRequest {}, Some(&bearer_new)))
+        .await
+        .expect("the last good token is kept");
+    let stats = c.get_stats(with_token(GetStatsRequest {}, None)).await;
+    assert_eq!(stats.unwrap_err().code(), tonic::Code::Unauthenticated);
+}

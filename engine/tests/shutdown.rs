@@ -200,7 +200,7 @@ async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes
         "--model",
         "synthetic:small",
         "--max-model-len",
-        "1024",
+        "4096",
         "--shutdown-delay",
         "2.5",
     ]));
@@ -224,8 +224,21 @@ async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes
         .request("POST", "/v1/completions", Some(&short()))
         .await;
     assert_eq!((r.status, r.closes()), (200, false), "{r:?}");
-    // A long stream, running across the whole delay and into the drain.
-    let tokens = 500;
+    // A long stream, running across the whole delay and into the drain: long enough at this
+    // machine's decode speed (measured here, on the same connection) to outlast the delay
+    // by several seconds, so a fast machine cannot finish it before the drain begins.
+    let probe = 64;
+    let t0 = Instant::now();
+    let r = pooled
+        .request(
+            "POST",
+            "/v1/completions",
+            Some(&json!({"prompt": "probe", "max_tokens": probe, "ignore_eos": true})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let per_second = probe as f64 / t0.elapsed().as_secs_f64();
+    let tokens = ((per_second * (delay.as_secs_f64() + 8.0)) as usize).clamp(500, 4000);
     let mut stream = Conn::open(addr).await;
     let long = json!({"prompt": "keep going", "max_tokens": tokens, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
     stream.send("POST", "/v1/completions", Some(&long)).await;
@@ -297,6 +310,11 @@ async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes
     );
     assert!(signalled_at.elapsed() >= delay - Duration::from_millis(50));
     assert_eq!(engine.shutdown_phase(), ShutdownPhase::Draining);
+    assert!(
+        engine.in_flight() >= 1,
+        "the {tokens}-token stream ended before the drain began ({per_second:.0} tokens/s \
+         measured before the signal): too short for this machine"
+    );
     // ...new requests are answered 503 (not refused), and not kept alive...
     let d = once(addr, "POST", "/v1/completions", Some(&short())).await;
     assert_eq!(d.status, 503);
@@ -308,10 +326,6 @@ async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes
     );
     // ...and the stream accepted before the signal is still in flight and runs to its end,
     // after which its connection is closed too.
-    assert!(
-        engine.in_flight() >= 1,
-        "the {tokens}-token stream ended before the drain began: too short for this machine"
-    );
     while let Some(c) = stream.chunk().await {
         streamed.extend(c);
     }

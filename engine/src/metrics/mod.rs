@@ -76,7 +76,13 @@ pub struct EngineMetrics {
     rejections: Vec<(RejectReason, IntCounter)>,
     http_requests: IntCounterVec,
     http_duration: HistogramVec,
+    control_refused: Vec<(&'static str, IntCounter)>,
 }
+
+/// Why the control API refused a call, as the `reason` label of
+/// `ballast_control_requests_refused_total`: no token, a malformed `authorization`
+/// value, a token that is none of `--control-token-file`'s.
+pub const CONTROL_REFUSAL_REASONS: [&str; 3] = ["missing", "malformed", "wrong"];
 
 /// The children of one rank, resolved once.
 #[allow(missing_docs)]
@@ -446,8 +452,22 @@ impl EngineMetrics {
             )
             .expect("valid histogram"),
         );
+        let control_refused = r.add(
+            IntCounterVec::new(
+                Opts::new(
+                    p("control_requests_refused_total"),
+                    "Control-API (gRPC) calls refused as UNAUTHENTICATED, by reason: missing, malformed or wrong token.",
+                ),
+                &["model_name", "reason"],
+            )
+            .expect("valid counter"),
+        );
 
         let m = cfg.model_name.as_str();
+        let control_refused = CONTROL_REFUSAL_REASONS
+            .iter()
+            .map(|&reason| (reason, control_refused.with_label_values(&[m, reason])))
+            .collect();
         let ranks = (0..cfg.num_ranks)
             .map(|rank| {
                 let engine = rank.to_string();
@@ -541,6 +561,15 @@ impl EngineMetrics {
             rejections,
             http_requests,
             http_duration,
+            control_refused,
+        }
+    }
+
+    /// Counts one control-API call refused for `reason` (one of
+    /// [`CONTROL_REFUSAL_REASONS`]).
+    pub fn observe_control_refusal(&self, reason: &str) {
+        if let Some((_, c)) = self.control_refused.iter().find(|(r, _)| *r == reason) {
+            c.inc();
         }
     }
 

@@ -23,10 +23,88 @@ use crate::config::{ApiKey, ApiKeys, KeyError, read_api_key_file};
 /// matter, and reading a small file every 2 s costs nothing.
 pub const KEY_FILE_POLL: Duration = Duration::from_secs(2);
 
+/// A set of keys that may change while the process runs: the keys of `--api-key-file` or
+/// of `--control-token-file`, replaced when the file changes.
+pub struct KeyRing {
+    keys: RwLock<Arc<[ApiKey]>>,
+    /// What the keys are, for log lines ("API key file", "control token file").
+    what: &'static str,
+}
+
+impl KeyRing {
+    /// The keys of `keys` (`None` for [`ApiKeys::None`]). With a key file and inside a
+    /// Tokio runtime, a task re-reads the file every [`KEY_FILE_POLL`] for as long as the
+    /// ring lives (without a runtime the keys stay those read at start). `what` names the
+    /// file in log lines.
+    pub fn new(keys: &ApiKeys, what: &'static str) -> Option<Arc<KeyRing>> {
+        let initial: Arc<[ApiKey]> = match keys {
+            ApiKeys::None => return None,
+            ApiKeys::Fixed(keys) => keys.clone().into(),
+            ApiKeys::File { keys, .. } => keys.clone().into(),
+        };
+        let ring = Arc::new(KeyRing {
+            keys: RwLock::new(initial),
+            what,
+        });
+        if let ApiKeys::File { path, text, .. } = keys
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(watch_key_file(
+                Arc::downgrade(&ring),
+                path.clone(),
+                text.clone(),
+            ));
+        }
+        Some(ring)
+    }
+
+    /// Checks one `Authorization` value (or its absence; `several` when a request carried
+    /// more than one, which is ambiguous and refused).
+    pub fn check(&self, value: Option<&[u8]>, several: bool) -> Result<(), Refusal> {
+        let value = value.ok_or(Refusal::Missing)?;
+        if several {
+            return Err(Refusal::Malformed);
+        }
+        let token = bearer_token(value).ok_or(Refusal::Malformed)?;
+        let keys = Arc::clone(&self.keys.read().unwrap_or_else(|e| e.into_inner()));
+        if matches_any(token, &keys) {
+            Ok(())
+        } else {
+            Err(Refusal::Wrong)
+        }
+    }
+
+    /// How many keys are loaded now.
+    pub fn len(&self) -> usize {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Never true: a ring is made only with keys, and a file that loses them keeps the old.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn replace(&self, new: Vec<ApiKey>) {
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = new.into();
+    }
+
+    #[cfg(test)]
+    fn fixed(text: &str) -> Arc<KeyRing> {
+        Arc::new(KeyRing {
+            keys: RwLock::new(
+                crate::config::parse_api_keys(text.as_bytes())
+                    .unwrap()
+                    .into(),
+            ),
+            what: "test keys",
+        })
+    }
+}
+
 /// What the server checks requests against.
 pub struct Auth {
     /// `None`: no key is required.
-    keys: Option<RwLock<Arc<[ApiKey]>>>,
+    keys: Option<Arc<KeyRing>>,
     metrics_require_key: bool,
 }
 
@@ -42,6 +120,15 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The reason as a metric label: `missing`, `malformed` or `wrong`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Missing => "missing",
+            Refusal::Malformed => "malformed",
+            Refusal::Wrong => "wrong",
+        }
+    }
+
     fn error(self) -> ApiError {
         let message = match self {
             Refusal::Missing => {
@@ -79,29 +166,13 @@ impl Refusal {
 }
 
 impl Auth {
-    /// The keys of the configuration. With `--api-key-file` and inside a Tokio runtime, a
-    /// task re-reads the file every [`KEY_FILE_POLL`] for as long as the returned value
-    /// lives (without a runtime the keys stay those read at start).
+    /// The keys of the configuration, re-read from `--api-key-file` while the value lives
+    /// (see [`KeyRing::new`]).
     pub fn new(keys: &ApiKeys, metrics_require_key: bool) -> Arc<Auth> {
-        let initial: Option<Arc<[ApiKey]>> = match keys {
-            ApiKeys::None => None,
-            ApiKeys::Fixed(keys) => Some(keys.clone().into()),
-            ApiKeys::File { keys, .. } => Some(keys.clone().into()),
-        };
-        let auth = Arc::new(Auth {
-            keys: initial.map(RwLock::new),
+        Arc::new(Auth {
+            keys: KeyRing::new(keys, "API key file"),
             metrics_require_key,
-        });
-        if let ApiKeys::File { path, text, .. } = keys
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            rt.spawn(watch_key_file(
-                Arc::downgrade(&auth),
-                path.clone(),
-                text.clone(),
-            ));
-        }
-        auth
+        })
     }
 
     /// Whether a request for `path` needs a key.
@@ -116,30 +187,13 @@ impl Auth {
             return Ok(());
         };
         let mut values = headers.get_all(header::AUTHORIZATION).iter();
-        let value = values.next().ok_or(Refusal::Missing)?;
-        if values.next().is_some() {
-            return Err(Refusal::Malformed);
-        }
-        let token = bearer_token(value.as_bytes()).ok_or(Refusal::Malformed)?;
-        let keys = Arc::clone(&keys.read().unwrap_or_else(|e| e.into_inner()));
-        if matches_any(token, &keys) {
-            Ok(())
-        } else {
-            Err(Refusal::Wrong)
-        }
+        let first = values.next();
+        keys.check(first.map(HeaderValue::as_bytes), values.next().is_some())
     }
 
     /// How many keys are loaded now (0 when none is required).
     pub fn key_count(&self) -> usize {
-        self.keys
-            .as_ref()
-            .map_or(0, |k| k.read().unwrap_or_else(|e| e.into_inner()).len())
-    }
-
-    fn replace(&self, new: Vec<ApiKey>) {
-        if let Some(keys) = &self.keys {
-            *keys.write().unwrap_or_else(|e| e.into_inner()) = new.into();
-        }
+        self.keys.as_ref().map_or(0, |k| k.len())
     }
 }
 
@@ -184,17 +238,17 @@ pub async fn require_key(State(auth): State<Arc<Auth>>, req: Request, next: Next
     next.run(req).await
 }
 
-/// Re-reads the key file every [`KEY_FILE_POLL`] while `auth` lives. A changed file with
+/// Re-reads the key file every [`KEY_FILE_POLL`] while `ring` lives. A changed file with
 /// keys replaces the keys; a file that became unreadable, empty or invalid keeps the keys
 /// loaded before and logs an error (once per distinct problem): it never opens the API.
-async fn watch_key_file(auth: Weak<Auth>, path: PathBuf, mut text: Vec<u8>) {
+async fn watch_key_file(ring: Weak<KeyRing>, path: PathBuf, mut text: Vec<u8>) {
     let mut last_problem: Option<KeyError> = None;
     let mut tick = tokio::time::interval(KEY_FILE_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        let Some(auth) = auth.upgrade() else {
+        let Some(ring) = ring.upgrade() else {
             return;
         };
         let read_path = path.clone();
@@ -207,12 +261,13 @@ async fn watch_key_file(auth: Weak<Auth>, path: PathBuf, mut text: Vec<u8>) {
                 last_problem = None;
                 if new_text != text {
                     let count = keys.len();
-                    auth.replace(keys);
+                    ring.replace(keys);
                     text = new_text;
                     tracing::info!(
                         path = %path.display(),
                         keys = count,
-                        "API key file changed: keys replaced"
+                        "{} changed: keys replaced",
+                        ring.what
                     );
                 }
             }
@@ -220,8 +275,9 @@ async fn watch_key_file(auth: Weak<Auth>, path: PathBuf, mut text: Vec<u8>) {
                 if last_problem.as_ref() != Some(&problem) {
                     tracing::error!(
                         path = %path.display(),
-                        keys_kept = auth.key_count(),
-                        "API key file {problem}; keeping the keys loaded before"
+                        keys_kept = ring.len(),
+                        "{} {problem}; keeping the keys loaded before",
+                        ring.what
                     );
                     last_problem = Some(problem);
                 }
@@ -293,7 +349,7 @@ mod tests {
     #[test]
     fn check_tells_missing_malformed_and_wrong_apart() {
         let auth = Auth {
-            keys: Some(RwLock::new(keys("sk-right").into())),
+            keys: Some(KeyRing::fixed("sk-right")),
             metrics_require_key: false,
         };
         assert_eq!(auth.check(&headers(&[b"Bearer sk-right"])), Ok(()));
@@ -321,7 +377,7 @@ mod tests {
     #[test]
     fn guarded_paths() {
         let auth = |metrics| Auth {
-            keys: Some(RwLock::new(keys("k").into())),
+            keys: Some(KeyRing::fixed("k")),
             metrics_require_key: metrics,
         };
         for (path, plain, with_metrics) in [
