@@ -394,7 +394,25 @@ fn a_replica_answering_503_is_replaced() {
         .unwrap()
         .block_on(async {
             let mut c = EngineControlClient::connect(grpc).await.unwrap();
-            c.drain(DrainRequest {}).await.unwrap();
+            // The run's control token guards every replica: without it nothing drains.
+            let refused = c.drain(DrainRequest {}).await.unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+            let file = local.dir.join("logs").join("control-token");
+            let mode = std::os::unix::fs::PermissionsExt::mode(
+                &std::fs::metadata(&file).unwrap().permissions(),
+            );
+            assert_eq!(
+                mode & 0o077,
+                0,
+                "the token file is this user's only: {mode:o}"
+            );
+            let token = std::fs::read_to_string(&file).unwrap();
+            let mut req = tonic::Request::new(DrainRequest {});
+            req.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {}", token.trim()).parse().unwrap(),
+            );
+            c.drain(req).await.unwrap();
         });
     let mut seen = false;
     let s = local.wait_status("chat", Duration::from_secs(20), "a replacement", |s| {

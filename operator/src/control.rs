@@ -22,17 +22,75 @@ pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One control-API client per replica, each on a lazily connected channel made on first
 /// use and kept while the replica lives, with [`CONTROL_TIMEOUT`] on connecting and on
-/// every call.
+/// every call, each call carrying the service's control token ([`ControlTokens`]).
 #[derive(Default)]
 pub struct ControlClients {
     /// By replica: the address the channel was made for, and the client.
     clients: BTreeMap<String, (String, EngineControlClient<Channel>)>,
+    tokens: ControlTokens,
+}
+
+/// A fresh control token: 32 random bytes from the system's generator, as 64 hex digits.
+pub fn fresh_token() -> String {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the system random generator works");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bearer tokens the operator sends on control calls: the current one first, then,
+/// while a rotation is young, the one before it (an engine whose mounted token file the
+/// kubelet has not updated yet still knows only that). Empty: calls carry no token.
+/// `Debug` never shows a token.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ControlTokens(Vec<String>);
+
+impl ControlTokens {
+    /// Tokens to try in order, the current one first.
+    pub fn new(tokens: Vec<String>) -> Self {
+        Self(tokens.into_iter().filter(|t| !t.is_empty()).collect())
+    }
+
+    /// The tokens of a token file's text: one a line, blank lines skipped.
+    pub fn parse(text: &str) -> Self {
+        Self::new(text.lines().map(|l| l.trim().to_string()).collect())
+    }
+
+    /// Whether calls carry no token.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The `authorization` values to try, in order (one `None` when there is no token).
+    fn headers(&self) -> Vec<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>> {
+        if self.0.is_empty() {
+            return vec![None];
+        }
+        self.0
+            .iter()
+            .filter_map(|t| format!("Bearer {t}").parse().ok())
+            .map(Some)
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for ControlTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ControlTokens({} tokens, redacted)", self.0.len())
+    }
 }
 
 impl ControlClients {
     /// An empty pool.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The tokens later calls carry.
+    pub fn set_tokens(&mut self, tokens: ControlTokens) {
+        self.tokens = tokens;
     }
 
     /// Forgets the clients of replicas for which `live` is false (their channels close).
@@ -67,34 +125,91 @@ impl ControlClients {
 
     /// Sets each `(replica, address, weights)` concurrently, each call bounded by
     /// [`CONTROL_TIMEOUT`]. Returns, in the same order, each replica with its weights and
-    /// what became of the call (`Err` says why, for the log).
+    /// what became of the call.
     pub async fn set_dp_weights(
         &mut self,
         calls: Vec<(String, String, Vec<f64>)>,
-    ) -> Vec<(String, Vec<f64>, Result<(), String>)> {
+    ) -> Vec<(String, Vec<f64>, Result<(), CallError>)> {
         let mut pending = Vec::new();
         for (replica, address, weights) in calls {
             let Some(mut client) = self.client(&replica, &address) else {
                 pending.push(futures::future::Either::Left(std::future::ready((
                     replica,
                     weights,
-                    Err(format!("not a control API address: {address}")),
+                    Err(CallError::failed(format!(
+                        "not a control API address: {address}"
+                    ))),
                 ))));
                 continue;
             };
+            let headers = self.tokens.headers();
             pending.push(futures::future::Either::Right(async move {
-                let call = client.set_dp_weights(SetDpWeightsRequest {
-                    weights: weights.clone(),
-                });
-                let result = match tokio::time::timeout(CONTROL_TIMEOUT, call).await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(status)) => Err(status.message().to_string()),
-                    Err(_) => Err(format!("no answer within {CONTROL_TIMEOUT:?}")),
-                };
+                let mut result = Err(CallError::failed("no control token could be sent"));
+                // The current token, then the one before it if the engine refused that
+                // (its mounted file may not have the new one yet).
+                for auth in headers {
+                    let mut req = tonic::Request::new(SetDpWeightsRequest {
+                        weights: weights.clone(),
+                    });
+                    if let Some(auth) = auth {
+                        req.metadata_mut().insert("authorization", auth);
+                    }
+                    let call = client.set_dp_weights(req);
+                    result = match tokio::time::timeout(CONTROL_TIMEOUT, call).await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(status)) if status.code() == tonic::Code::Unauthenticated => {
+                            Err(CallError {
+                                refused: true,
+                                message: format!("refused: {}", status.message()),
+                            })
+                        }
+                        Ok(Err(status)) => Err(CallError::failed(status.message())),
+                        Err(_) => Err(CallError::failed(format!(
+                            "no answer within {CONTROL_TIMEOUT:?}"
+                        ))),
+                    };
+                    if !result.as_ref().is_err_and(|e| e.refused) {
+                        break;
+                    }
+                }
                 (replica, weights, result)
             }));
         }
         futures::future::join_all(pending).await
+    }
+}
+
+/// Why a control call did not do what it asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallError {
+    /// The engine refused every token the operator has (`UNAUTHENTICATED`).
+    pub refused: bool,
+    /// Why, for the log (never a token).
+    pub message: String,
+}
+
+impl CallError {
+    fn failed(message: impl Into<String>) -> Self {
+        Self {
+            refused: false,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The `result` label of `ballast_operator_control_calls_total` for a call's outcome:
+/// `ok`, `unauthenticated` (the engine refused the token) or `error`.
+pub fn result_label(result: &Result<(), CallError>) -> &'static str {
+    match result {
+        Ok(()) => "ok",
+        Err(e) if e.refused => "unauthenticated",
+        Err(_) => "error",
     }
 }
 
@@ -141,9 +256,10 @@ mod tests {
         assert_eq!(out[0].0, "a");
         assert!(out[0].2.is_err(), "{out:?}");
         assert!(
-            out[1].2.as_ref().unwrap_err().contains("not a uri"),
+            out[1].2.as_ref().unwrap_err().message.contains("not a uri"),
             "{out:?}"
         );
+        assert_eq!(result_label(&out[0].2), "error");
         assert_eq!(pool.replicas(), ["a"]);
         pool.retain(|r| r != "a");
         assert!(pool.replicas().is_empty());

@@ -32,6 +32,9 @@ pub struct OperatorMetrics {
     /// `ballast_operator_api_writes_total{namespace, name, object}`: writes to the API server, by the
     /// object written (Kubernetes runtime). An unchanged resource adds none.
     pub api_writes: IntCounterVec,
+    /// `ballast_operator_control_calls_total{namespace, name, call, result}`: calls to the
+    /// engines' control API, by call and result (`ok`, `unauthenticated`, `error`).
+    pub control_calls: IntCounterVec,
     /// `ballast_operator_signal_observed{namespace, name, signal}`: the value each configured signal
     /// was compared with its target on (per replica for capacity waiting, as the target
     /// is); NaN when missing.
@@ -128,6 +131,14 @@ impl OperatorMetrics {
             &["namespace", "name", "object"],
         )
         .expect("valid");
+        let control_calls = IntCounterVec::new(
+            Opts::new(
+                "ballast_operator_control_calls_total",
+                "Calls to the engines' gRPC control API by service, call and result (ok, unauthenticated: the engine refused the control token, error).",
+            ),
+            &["namespace", "name", "call", "result"],
+        )
+        .expect("valid");
         let signal_observed = GaugeVec::new(
             Opts::new(
                 "ballast_operator_signal_observed",
@@ -182,6 +193,7 @@ impl OperatorMetrics {
             Box::new(scrape_duration.clone()),
             Box::new(reconcile_errors.clone()),
             Box::new(api_writes.clone()),
+            Box::new(control_calls.clone()),
             Box::new(signal_observed.clone()),
             Box::new(signal_target.clone()),
             Box::new(min_replicas.clone()),
@@ -201,6 +213,7 @@ impl OperatorMetrics {
             scrape_duration,
             reconcile_errors,
             api_writes,
+            control_calls,
             signal_observed,
             signal_target,
             min_replicas,

@@ -240,12 +240,19 @@ impl ControlPeriod {
         outcome
     }
 
+    /// The control tokens later control calls carry (the current one first).
+    pub fn set_control_tokens(&mut self, tokens: crate::control::ControlTokens) {
+        self.controls.set_tokens(tokens);
+    }
+
     /// Sets the DP weights `plans` name over each replica's control API, at the address
     /// `address` gives (replicas without one are skipped), concurrently, each call bounded
     /// by [`CONTROL_TIMEOUT`](crate::control::CONTROL_TIMEOUT). What an engine confirmed is
     /// remembered for the next decision; a failure is logged and retried by a later one.
+    /// Each call is counted in `ballast_operator_control_calls_total` by result.
     pub async fn set_dp_weights(
         &mut self,
+        metrics: &OperatorMetrics,
         plans: &[DpWeights],
         address: impl Fn(&str) -> Option<String>,
     ) {
@@ -254,6 +261,15 @@ impl ControlPeriod {
             .filter_map(|w| Some((w.replica.clone(), address(&w.replica)?, w.weights.clone())))
             .collect();
         for (replica, weights, result) in self.controls.set_dp_weights(calls).await {
+            metrics
+                .control_calls
+                .with_label_values(&[
+                    self.namespace.as_str(),
+                    self.name.as_str(),
+                    "set_dp_weights",
+                    crate::control::result_label(&result),
+                ])
+                .inc();
             match result {
                 Ok(()) => {
                     self.dp_weights.insert(replica, weights);

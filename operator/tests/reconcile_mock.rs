@@ -168,6 +168,37 @@ async fn serve(server: Shared, req: Request<Body>) -> Response<Body> {
             let out = stored.clone();
             respond(StatusCode::OK, &out)
         }
+        // Create: the collection's path plus the body's name, which must be new.
+        "POST" => {
+            let name = body["metadata"]["name"].as_str().unwrap_or_default();
+            let at = format!("{path}/{name}");
+            if s.objects.contains_key(&at) {
+                return respond(StatusCode::CONFLICT, &status_body(409, "AlreadyExists"));
+            }
+            let mut stored = body.clone();
+            stored["metadata"]["resourceVersion"] = json!("1");
+            s.objects.insert(at, stored.clone());
+            respond(StatusCode::CREATED, &stored)
+        }
+        // Replace: only with the resourceVersion stored (optimistic concurrency).
+        "PUT" => {
+            let Some(stored) = s.objects.get_mut(&object_path) else {
+                return respond(StatusCode::NOT_FOUND, &status_body(404, "NotFound"));
+            };
+            let version = stored["metadata"]["resourceVersion"].clone();
+            if body["metadata"]["resourceVersion"] != version {
+                return respond(StatusCode::CONFLICT, &status_body(409, "Conflict"));
+            }
+            let next = version
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                + 1;
+            *stored = body.clone();
+            stored["metadata"]["resourceVersion"] = json!(next.to_string());
+            let out = stored.clone();
+            respond(StatusCode::OK, &out)
+        }
         _ => respond(
             StatusCode::METHOD_NOT_ALLOWED,
             &status_body(405, "MethodNotAllowed"),
@@ -210,6 +241,8 @@ const ISVC_PATH: &str = "/apis/ballast.dev/v1alpha1/namespaces/default/inference
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/chat";
 const SERVICE: &str = "/api/v1/namespaces/default/services/chat";
 const PDB: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/chat";
+const SECRETS: &str = "/api/v1/namespaces/default/secrets";
+const TOKEN_SECRET: &str = "/api/v1/namespaces/default/secrets/chat-control-token";
 
 fn isvc(spec: &str) -> InferenceService {
     let mut i = ballast_crds::parse_yaml(&format!(
@@ -276,10 +309,23 @@ async fn create_applies_every_object_and_the_status() {
     let paths: Vec<&str> = w.iter().map(|c| c.path.as_str()).collect();
     assert_eq!(
         paths,
-        [DEPLOYMENT, SERVICE, PDB, &format!("{ISVC_PATH}/status")],
-        "no event: holding while replicas start changes nothing"
+        [
+            SECRETS,
+            DEPLOYMENT,
+            SERVICE,
+            PDB,
+            &format!("{ISVC_PATH}/status")
+        ],
+        "the control token first; no event: holding while replicas start changes nothing"
     );
-    for c in &w {
+    let secret = &w[0].body;
+    assert_eq!(w[0].method, "POST");
+    assert_eq!(secret["metadata"]["name"], "chat-control-token");
+    assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "isvc-uid");
+    let token = token_lines(&server);
+    assert_eq!(token.len(), 1);
+    assert_eq!(token[0].len(), 64, "256 bits as hex");
+    for c in &w[1..] {
         assert_eq!(c.method, "PATCH");
         assert!(
             c.query.contains("fieldManager=ballast-operator") && c.query.contains("force=true"),
@@ -316,6 +362,67 @@ async fn create_applies_every_object_and_the_status() {
         types.contains(&"Ready") && types.contains(&"MetricsAvailable"),
         "{types:?}"
     );
+}
+
+/// The tokens the stored control-token Secret holds, one a line.
+fn token_lines(server: &Shared) -> Vec<String> {
+    let s = server.lock().unwrap();
+    let data = s.objects[TOKEN_SECRET]["data"]["token"].clone();
+    let bytes: k8s_openapi::ByteString = serde_json::from_value(data).unwrap();
+    String::from_utf8(bytes.0)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_control_token_rotates_on_request_and_the_old_one_outlives_the_change() {
+    let server = Shared::default();
+    let i = isvc(SPEC);
+    store(&server, &i);
+    let ctx = context(&server);
+    reconcile(Arc::new(i), Arc::clone(&ctx)).await.unwrap();
+    let first = token_lines(&server);
+    // Asked for by an annotation: a new token first, the old one kept beside it.
+    let mut asked = stored(&server);
+    asked.metadata.annotations.get_or_insert_default().insert(
+        "ballast.dev/rotate-control-token".into(),
+        "2026-12-05".into(),
+    );
+    store(&server, &asked);
+    clear_calls(&server);
+    reconcile(Arc::new(asked.clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let w = writes(&server);
+    let put = write_to(&w, TOKEN_SECRET);
+    assert_eq!(
+        put.method, "PUT",
+        "a replace carrying the resourceVersion read"
+    );
+    assert_eq!(put.body["metadata"]["resourceVersion"], "1");
+    let rotated = token_lines(&server);
+    assert_eq!(rotated.len(), 2);
+    assert_ne!(rotated[0], first[0]);
+    assert_eq!(rotated[1], first[0], "the old token outlives the change");
+    assert!(
+        w.iter().all(|c| c.path != DEPLOYMENT),
+        "a rotation restarts no pod: the kubelet refreshes the mounted file"
+    );
+    // The same request again rotates nothing.
+    clear_calls(&server);
+    reconcile(Arc::new(asked), ctx).await.unwrap();
+    assert!(writes(&server).iter().all(|c| c.path != TOKEN_SECRET));
+    assert_eq!(token_lines(&server), rotated);
+    // A Secret someone deleted comes back, with a new token.
+    server.lock().unwrap().objects.remove(TOKEN_SECRET);
+    reconcile(Arc::new(stored(&server)), context(&server))
+        .await
+        .unwrap();
+    let again = token_lines(&server);
+    assert_eq!(again.len(), 1);
+    assert!(!rotated.contains(&again[0]));
 }
 
 #[tokio::test]

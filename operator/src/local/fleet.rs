@@ -80,6 +80,7 @@ pub struct Fleet {
     engine_bin: PathBuf,
     log_dir: PathBuf,
     health_client: reqwest::Client,
+    control_token_file: PathBuf,
     replicas: Vec<Replica>,
     in_flight: BTreeMap<String, Arc<AtomicUsize>>,
     next_index: usize,
@@ -87,12 +88,14 @@ pub struct Fleet {
 
 impl Fleet {
     /// An empty fleet of `isvc`'s replicas, started from `engine_bin`, logging to
-    /// `log_dir`; `health_client` polls their `/health`.
+    /// `log_dir`, their control API guarded by `control_token_file`; `health_client` polls
+    /// their `/health`.
     pub fn new(
         isvc: InferenceService,
         engine_bin: PathBuf,
         log_dir: PathBuf,
         health_client: reqwest::Client,
+        control_token_file: PathBuf,
     ) -> Self {
         Self {
             service: isvc.metadata.name.clone().unwrap_or_default(),
@@ -100,6 +103,7 @@ impl Fleet {
             engine_bin,
             log_dir,
             health_client,
+            control_token_file,
             replicas: Vec::new(),
             in_flight: BTreeMap::new(),
             next_index: 0,
@@ -189,7 +193,13 @@ impl Fleet {
         for _ in have..desired {
             let name = format!("{}-{}", self.service, self.next_index);
             self.next_index += 1;
-            match Replica::spawn(&self.engine_bin, &self.isvc, name.clone(), &self.log_dir) {
+            match Replica::spawn(
+                &self.engine_bin,
+                &self.isvc,
+                name.clone(),
+                &self.log_dir,
+                &self.control_token_file,
+            ) {
                 Ok(r) => {
                     self.replicas.push(r);
                     events.push(FleetEvent::Started { replica: name });

@@ -268,10 +268,17 @@ pub async fn run(
         .no_proxy()
         .build()
         .map_err(LocalError::Client)?;
+    // A control token for this run, readable by this user only: the replicas' control
+    // APIs answer the supervisor and nobody else on the machine.
+    let token = crate::control::fresh_token();
+    let control_token_file = log_dir.join("control-token");
+    write_private(&control_token_file, format!("{token}\n").as_bytes())?;
     let launch = Launch {
         engine_bin,
         log_dir,
         health_client,
+        control_token_file,
+        control_tokens: crate::control::ControlTokens::new(vec![token]),
     };
     let outputs = Outputs {
         routes: Arc::clone(&routes),
@@ -365,4 +372,18 @@ fn settled(status: &admin::StatusMap, min: &std::collections::BTreeMap<String, i
             .get(name)
             .is_some_and(|s| s.desired_replicas == m && s.replicas == m && s.ready_replicas == m)
     })
+}
+
+/// Writes `bytes` to a new file at `path` that only this user can read (a file left from
+/// an earlier run is replaced).
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
 }

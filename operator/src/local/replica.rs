@@ -162,12 +162,14 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 impl Replica {
-    /// Spawns a replica of `isvc` from the engine binary `bin`, logging to `log_dir`.
+    /// Spawns a replica of `isvc` from the engine binary `bin`, logging to `log_dir`, its
+    /// control API requiring the token in `control_token_file`.
     pub fn spawn(
         bin: &Path,
         isvc: &InferenceService,
         name: String,
         log_dir: &Path,
+        control_token_file: &Path,
     ) -> std::io::Result<Self> {
         let grpc_port = free_port()?;
         let log = log_dir.join(format!("{name}.log"));
@@ -181,6 +183,7 @@ impl Replica {
                     grpc_port: i32::from(grpc_port),
                 },
             ))
+            .env("BALLAST_CONTROL_TOKEN_FILE", control_token_file)
             .env(
                 "BALLAST_LOG",
                 std::env::var("BALLAST_ENGINE_LOG").unwrap_or_else(|_| "info".into()),

@@ -37,6 +37,10 @@ pub struct Launch {
     pub log_dir: PathBuf,
     /// Polls the replicas' `/health`.
     pub health_client: reqwest::Client,
+    /// The run's control-token file, given to every replica (`--control-token-file`).
+    pub control_token_file: PathBuf,
+    /// Its token, which the control loop sends.
+    pub control_tokens: crate::control::ControlTokens,
 }
 
 /// A service, its replicas and its control loop.
@@ -62,6 +66,7 @@ impl Supervisor {
             launch.engine_bin.clone(),
             launch.log_dir.clone(),
             launch.health_client.clone(),
+            launch.control_token_file.clone(),
         );
         // The first period one interval in: replicas are only starting before that.
         let first = Instant::now() + ControlPeriod::interval(&isvc.spec);
@@ -76,6 +81,7 @@ impl Supervisor {
             last_decision: None,
             isvc,
         };
+        s.period.set_control_tokens(launch.control_tokens.clone());
         s.publish();
         s
     }
@@ -270,8 +276,9 @@ impl Supervisor {
         let plan = &outcome.rebalance;
         self.fleet.set_accepting(&plan.take_out, &plan.restore);
         let fleet = &self.fleet;
+        let metrics = self.publisher.metrics();
         self.period
-            .set_dp_weights(&plan.dp_weights, |replica| {
+            .set_dp_weights(metrics, &plan.dp_weights, |replica| {
                 let r = fleet.replicas().iter().find(|r| r.name == replica)?;
                 Some(format!("http://{}", r.grpc?))
             })

@@ -6,7 +6,8 @@
 //! write at all, and no read either (the snapshot came from the caches). Pods get two
 //! small patches: before a scale-down a deletion cost, so the Deployment removes the
 //! least-loaded pods first, and the accepting readiness-gate condition (rotation). DP
-//! weights go over each pod's control API.
+//! weights go over each pod's control API, with the service's control token, whose Secret
+//! is read (and written when it is new or rotates) before the Deployment that mounts it.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -55,6 +56,12 @@ pub async fn apply<'a>(
     for (pod, cost) in &plan.deletion_costs {
         set_deletion_cost(&pods, pod, *cost).await?;
         ctx.count_write(&ns, &name, "pod", true);
+    }
+    // The control token before the Deployment whose pods mount it.
+    if super::build::uses_control_token(plan.isvc) {
+        let (tokens, wrote) = super::token::ensure(client, &ctx.cache, plan.isvc).await?;
+        ctx.count_write(&ns, &name, "secret", wrote);
+        state.period.set_control_tokens(tokens);
     }
     let snapshot = &plan.snapshot;
     let written = apply_object(
@@ -117,7 +124,7 @@ pub async fn apply<'a>(
         let port = e.grpc_port;
         state
             .period
-            .set_dp_weights(&plan.dp_weights, |pod| {
+            .set_dp_weights(&ctx.metrics, &plan.dp_weights, |pod| {
                 let ip = ready.get(pod)?.ip.as_deref()?;
                 Some(crate::control::address(ip, port))
             })

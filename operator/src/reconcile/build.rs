@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource,
     PodReadinessGate, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -54,6 +54,20 @@ pub const EXIT_MARGIN_SECONDS: u32 = 30;
 /// a longer period, see [`termination_grace_seconds`].)
 pub const TERMINATION_GRACE_SECONDS: i64 =
     (ENGINE_SHUTDOWN_DELAY_SECONDS + ENGINE_DRAIN_TIMEOUT_SECONDS + EXIT_MARGIN_SECONDS) as i64;
+
+/// The variable `ballast engine --control-token-file` reads. Set (rather than the flag)
+/// for the same reason as [`SHUTDOWN_DELAY_ENV`].
+pub const CONTROL_TOKEN_FILE_ENV: &str = "BALLAST_CONTROL_TOKEN_FILE";
+
+/// Where engine pods mount their service's control-token Secret.
+pub const CONTROL_TOKEN_DIR: &str = "/var/run/ballast/control";
+
+/// Whether the service's engines run a control API the operator calls (a Ballast engine
+/// with a `grpcPort`), and so get a control token ([`super::token`]).
+pub fn uses_control_token(isvc: &InferenceService) -> bool {
+    let e = &isvc.spec.engine;
+    e.kind == EngineKind::Ballast && e.grpc_port > 0
+}
 
 /// Non-root user the engine container runs as.
 pub const RUN_AS_USER: i64 = 65532;
@@ -257,6 +271,14 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             ..EnvVar::default()
         });
     }
+    let control_token = uses_control_token(isvc);
+    if control_token && !e.env.iter().any(|v| v.name == CONTROL_TOKEN_FILE_ENV) {
+        env.push(EnvVar {
+            name: CONTROL_TOKEN_FILE_ENV.into(),
+            value: Some(format!("{CONTROL_TOKEN_DIR}/{}", super::token::TOKEN_KEY)),
+            ..EnvVar::default()
+        });
+    }
     env.extend(e.env.iter().cloned());
     let termination_grace = termination_grace_seconds(e.kind, &cmd.args, &env);
     let mut volume_mounts = vec![VolumeMount {
@@ -277,6 +299,24 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             ..VolumeMount::default()
         });
         volumes.push(models);
+    }
+    if control_token {
+        volume_mounts.push(VolumeMount {
+            name: "control-token".into(),
+            mount_path: CONTROL_TOKEN_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "control-token".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(super::token::secret_name(&name)),
+                // Readable by the engine (its group is the pod's fsGroup), by no one else.
+                default_mode: Some(0o440),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
     }
     let resources = (e.resources != Default::default()).then(|| e.resources.clone());
     let container = Container {
@@ -462,26 +502,18 @@ fn model_volume(isvc: &InferenceService) -> Option<Volume> {
 }
 
 /// The Service in front of the pods (its endpoints are the pods whose accepting gate is
-/// True).
+/// True). It publishes the OpenAI port only: the control API is the operator's, which
+/// dials each pod on its IP, and has no business behind a load-balanced name.
 pub fn service(isvc: &InferenceService) -> Result<Service, BuildError> {
     let e = &isvc.spec.engine;
     let name = name(isvc)?;
-    let mut ports = vec![ServicePort {
+    let ports = vec![ServicePort {
         name: Some("http".into()),
         port: e.port,
         target_port: Some(IntOrString::String("http".into())),
         protocol: Some("TCP".into()),
         ..ServicePort::default()
     }];
-    if e.kind == EngineKind::Ballast && e.grpc_port > 0 {
-        ports.push(ServicePort {
-            name: Some("grpc".into()),
-            port: e.grpc_port,
-            target_port: Some(IntOrString::String("grpc".into())),
-            protocol: Some("TCP".into()),
-            ..ServicePort::default()
-        });
-    }
     Ok(Service {
         metadata: meta(isvc)?,
         spec: Some(ServiceSpec {
@@ -629,6 +661,69 @@ spec:
     }
 
     #[test]
+    fn a_control_api_gets_the_services_token_and_no_service_port() {
+        let i = isvc("{}");
+        let d = deployment(&input(&i)).unwrap();
+        let c = container(&d);
+        assert_eq!(
+            env_value(c, CONTROL_TOKEN_FILE_ENV),
+            [Some("/var/run/ballast/control/token")]
+        );
+        let mount = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == "control-token")
+            .expect("the token is mounted");
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (CONTROL_TOKEN_DIR, Some(true))
+        );
+        let volume = pod(&d)
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "control-token")
+            .unwrap();
+        let secret = volume.secret.as_ref().unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("chat-control-token"));
+        assert_eq!(secret.default_mode, Some(0o440));
+        // The Service publishes the OpenAI port only: the operator dials pods directly.
+        let ports = service(&i).unwrap().spec.unwrap().ports.unwrap();
+        let names: Vec<_> = ports.iter().map(|p| p.name.as_deref().unwrap()).collect();
+        assert_eq!(names, ["http"]);
+        // A user's own variable wins and is not repeated; without a control API, no token.
+        let own = isvc("{env: [{name: BALLAST_CONTROL_TOKEN_FILE, value: /etc/mine}]}");
+        let d = deployment(&input(&own)).unwrap();
+        assert_eq!(
+            env_value(container(&d), CONTROL_TOKEN_FILE_ENV),
+            [Some("/etc/mine")]
+        );
+        for spec in [
+            "{grpcPort: 0}",
+            "{kind: vllm, image: 'vllm/vllm-openai:v0.11.0'}",
+        ] {
+            let i = isvc(spec);
+            assert!(!uses_control_token(&i), "{spec}");
+            let d = deployment(&input(&i)).unwrap();
+            assert!(
+                env_value(container(&d), CONTROL_TOKEN_FILE_ENV).is_empty(),
+                "{spec}"
+            );
+            assert!(
+                pod(&d)
+                    .volumes
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .all(|v| v.name != "control-token")
+            );
+        }
+    }
+
+    #[test]
     fn pods_are_locked_down_and_gated() {
         let i = isvc("{}");
         let d = deployment(&input(&i)).unwrap();
@@ -703,7 +798,11 @@ spec:
             let i = model_isvc(model, "{}");
             let d = deployment(&input(&i)).unwrap();
             let volumes = pod(&d).volumes.as_ref().unwrap();
-            assert_eq!(volumes.len(), 2, "{model}: /tmp and the models");
+            assert_eq!(
+                volumes.len(),
+                3,
+                "{model}: /tmp, the models and the control token"
+            );
             let models = volumes.iter().find(|v| v.name == "models").unwrap();
             let mut got = serde_json::to_value(models).unwrap();
             got.as_object_mut().unwrap().remove("name");
@@ -728,7 +827,7 @@ spec:
     }
 
     #[test]
-    fn without_a_model_volume_nothing_is_mounted() {
+    fn without_a_model_volume_only_tmp_and_the_control_token_are_mounted() {
         let d = deployment(&input(&isvc("{}"))).unwrap();
         let names: Vec<&str> = pod(&d)
             .volumes
@@ -737,8 +836,8 @@ spec:
             .iter()
             .map(|v| v.name.as_str())
             .collect();
-        assert_eq!(names, ["tmp"]);
-        assert_eq!(container(&d).volume_mounts.as_ref().unwrap().len(), 1);
+        assert_eq!(names, ["tmp", "control-token"]);
+        assert_eq!(container(&d).volume_mounts.as_ref().unwrap().len(), 2);
         assert!(env_value(container(&d), MODEL_CACHE_ENV).is_empty());
     }
 
@@ -809,7 +908,7 @@ spec:
             Some(&labels::selector_labels("chat"))
         );
         let ports = spec.ports.as_ref().unwrap();
-        assert_eq!(ports.len(), 1, "no grpc port when grpcPort is 0");
+        assert_eq!(ports.len(), 1, "the OpenAI port only");
         assert_eq!(ports[0].port, 8080);
         let p = pdb(&i).unwrap();
         assert_eq!(

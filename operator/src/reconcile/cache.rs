@@ -1,5 +1,6 @@
 //! Where reconciles read the cluster from: the reflector stores of what the operator owns
-//! (Deployments, Services, PodDisruptionBudgets, engine pods, ServiceMonitors), kept
+//! (Deployments, Services, PodDisruptionBudgets, control-token Secrets, engine pods,
+//! ServiceMonitors), kept
 //! current by watches, so a settled InferenceService costs the API server no request at
 //! all; and whether the ServiceMonitor CRD is installed, asked of the discovery API once
 //! and then again every [`DISCOVERY_REFRESH`], or at once after a ServiceMonitor call
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DynamicObject, ListParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -49,6 +50,9 @@ pub struct Stores {
     pub services: Store<Service>,
     /// PodDisruptionBudgets the operator owns.
     pub pdbs: Store<PodDisruptionBudget>,
+    /// Secrets the operator owns (the control tokens; its label selects them, so no other
+    /// Secret of the cluster is ever held in memory).
+    pub secrets: Store<Secret>,
     /// HorizontalPodAutoscalers (to tell when one targets an InferenceService whose
     /// built-in autoscaler is on).
     pub autoscalers: Store<HorizontalPodAutoscaler>,
@@ -222,6 +226,16 @@ impl Cache {
         name: &str,
     ) -> Result<Option<Arc<PodDisruptionBudget>>, kube::Error> {
         self.object(self.store(|s| &s.pdbs).await, namespace, name)
+            .await
+    }
+
+    /// The Secret `namespace/name`, if the operator owns it (the store holds only those).
+    pub async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Secret>>, kube::Error> {
+        self.object(self.store(|s| &s.secrets).await, namespace, name)
             .await
     }
 

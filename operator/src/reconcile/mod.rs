@@ -19,7 +19,8 @@
 //! - [`build`]: the Deployment, Service, PDB and ServiceMonitor as plain values;
 //! - [`apply`]: server-side apply of what differs from the snapshot (nothing when the spec
 //!   is unchanged), deletion costs before a scale-down, rotation through the
-//!   `ballast.dev/accepting` readiness gate, DP weights over each pod's control API;
+//!   `ballast.dev/accepting` readiness gate, DP weights over each pod's control API with
+//!   the service's control token ([`token`]: a Secret the operator owns, read each time);
 //! - [`report`]: the status subresource, written only when it changed, Events, gauges.
 //!
 //! Below the steps, used by them and using none of them: [`context`] (what reconciles
@@ -40,6 +41,7 @@ mod run;
 pub mod snapshot;
 #[cfg(test)]
 mod tests;
+pub mod token;
 pub mod validate;
 
 use std::sync::Arc;

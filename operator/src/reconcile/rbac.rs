@@ -19,6 +19,11 @@
 //!   `delete` of a ServiceMonitor the operator owns when the spec stops asking for one;
 //!   a merge `patch` of a pod's deletion cost and a strategic `patch` of `pods/status`
 //!   for the readiness gate;
+//! - `token.rs`: each service's control-token Secret, read from a store fed by a `list`
+//!   and `watch` of the Secrets carrying the operator's label (RBAC cannot narrow a list
+//!   by label: the selector keeps every other Secret out of the operator's memory),
+//!   `create` when it is missing, `update` (a `replace` carrying the resourceVersion read)
+//!   when it rotates, and a `get` only when such a write met a conflict;
 //! - `report.rs`: server-side apply (`patch`) of `inferenceservices/status`, only when
 //!   the status changed;
 //! - events (kube's `Recorder`): `create` of an `events.k8s.io` Event, `patch` of a
@@ -113,6 +118,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
         "horizontalpodautoscalers",
         &["list", "watch"],
     ),
+    cluster("", "secrets", &["get", "list", "watch", "create", "update"]),
     cluster(
         "monitoring.coreos.com",
         "servicemonitors",
@@ -164,7 +170,7 @@ mod tests {
     fn each_resource_is_declared_once_with_distinct_verbs() {
         let mut seen = std::collections::BTreeSet::new();
         for a in API_ACCESS {
-            assert!(seen.insert((a.group, a.resource)), "{a:?} twice");
+            assert!(seen.insert((a.group, a.resource, a.scope)), "{a:?} twice");
             let verbs: std::collections::BTreeSet<_> = a.verbs.iter().collect();
             assert_eq!(verbs.len(), a.verbs.len(), "{a:?}");
             assert!(!a.verbs.is_empty(), "{a:?}");

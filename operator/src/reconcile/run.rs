@@ -16,7 +16,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
@@ -332,6 +332,9 @@ pub async fn run(
         reflect(api::<Deployment>(&client, ns), watcher::Config::default());
     let (services, service_events) = reflect(api::<Service>(&client, ns), owned_watch());
     let (pdbs, pdb_events) = reflect(api::<PodDisruptionBudget>(&client, ns), owned_watch());
+    // Only the Secrets the operator labelled (the control tokens): a deleted one is put
+    // back, and a settled service reads its token from memory, never from the API server.
+    let (secrets, secret_events) = reflect(api::<Secret>(&client, ns), owned_watch());
     let (pods, pod_events) = reflect(api::<Pod>(&client, ns), owned_watch());
     tokio::spawn(pod_events.for_each(|event| async move {
         if let Err(e) = event {
@@ -354,6 +357,7 @@ pub async fn run(
         pods,
         services,
         pdbs,
+        secrets,
         autoscalers,
     };
     let recorder = Recorder::new(
@@ -380,6 +384,7 @@ pub async fn run(
     .owns_stream(deployment_events)
     .owns_stream(service_events)
     .owns_stream(pdb_events)
+    .owns_stream(secret_events)
     .graceful_shutdown_on(stopped(stop_rx.clone()))
     .run(reconcile, error_policy, ctx)
     .for_each(|result| async move {

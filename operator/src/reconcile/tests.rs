@@ -112,6 +112,21 @@ async fn serve(server: Shared, req: Request<Body>) -> Response<Body> {
             let out = stored.clone();
             respond(StatusCode::OK, &out)
         }
+        // Create (the control-token Secret): stored under its name.
+        "POST" => {
+            let name = body["metadata"]["name"].as_str().unwrap_or_default();
+            let at = format!("{path}/{name}");
+            if s.objects.contains_key(&at) {
+                return respond(
+                    StatusCode::CONFLICT,
+                    &json!({"kind": "Status", "code": 409}),
+                );
+            }
+            let mut stored = body.clone();
+            stored["metadata"]["resourceVersion"] = json!("1");
+            s.objects.insert(at, stored.clone());
+            respond(StatusCode::CREATED, &stored)
+        }
         _ => respond(StatusCode::METHOD_NOT_ALLOWED, &json!({})),
     }
 }

@@ -1,0 +1,263 @@
+//! The control token on the real `ballast engine` process, driven by the operator's own
+//! control client (`ballast_operator::control`) over real gRPC on loopback: calls without,
+//! and with a wrong, token are refused and counted; a rotation in which the engine's file
+//! still holds only the old token keeps the operator's calls working; a token file that is
+//! missing or empty stops the engine at start, naming the file; without one the engine
+//! warns that its control API is open. No token ever reaches the log or `/metrics`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ballast_engine::control::proto::engine_control_client::EngineControlClient;
+use ballast_engine::control::proto::{DrainRequest, GetStatsRequest};
+use ballast_operator::control::{ControlClients, ControlTokens, address, result_label};
+use common::engine::wait_exit;
+
+const OLD: &str = "ctl-old-6a0e93b4f1d2";
+const NEW: &str = "ctl-new-2c7d18e5a9b0";
+
+/// A `ballast engine` with its control API, killed on drop.
+struct Engine {
+    child: Child,
+    /// `http://127.0.0.1:PORT` of the HTTP API.
+    base: String,
+    /// `http://127.0.0.1:PORT` of the control API.
+    control: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `ballast engine` with two DP ranks, a control API and `args`, and waits for both
+/// "listening" lines.
+fn start(args: &[&str]) -> Engine {
+    let grpc = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args([
+            "engine",
+            "--model",
+            "synthetic:tiny",
+            "--port",
+            "0",
+            "--data-parallel-size",
+            "2",
+            "--grpc-port",
+            &grpc.to_string(),
+        ])
+        .args(args)
+        .env("BALLAST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut stderr = child.stderr.take().unwrap();
+    let sink = Arc::clone(&log);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = stderr.read(&mut buf) {
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut announced = |prefix: &str| {
+        let line = lines.next().unwrap().unwrap();
+        line.strip_prefix(prefix)
+            .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+            .to_string()
+    };
+    let control = announced("ballast engine control API listening on ");
+    let base = announced("ballast engine listening on ");
+    std::thread::spawn(move || for _ in lines {});
+    Engine {
+        child,
+        base,
+        control,
+        log,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The engine's `/metrics`.
+fn metrics(e: &Engine) -> String {
+    common::get(&format!("{}/metrics", e.base)).unwrap()
+}
+
+fn refused(text: &str, reason: &str) -> f64 {
+    let series = format!(
+        "ballast_control_requests_refused_total{{model_name=\"synthetic:tiny\",reason=\"{reason}\"}} "
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("no {series} in /metrics"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_operators_calls_carry_the_token_and_survive_a_rotation() {
+    let dir = common::local::temp_dir("control-auth");
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{OLD}\n")).unwrap();
+    let e = start(&["--control-token-file", file.to_str().unwrap()]);
+    let port: i32 = e.control.rsplit_once(':').unwrap().1.parse().unwrap();
+    let at = address("127.0.0.1", port);
+    let rt = runtime();
+
+    // A client that is not the operator: refused, whatever it asks.
+    rt.block_on(async {
+        let mut c = EngineControlClient::connect(e.control.clone())
+            .await
+            .unwrap();
+        let s = c.drain(DrainRequest {}).await.unwrap_err();
+        assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
+        let s = c.get_stats(GetStatsRequest {}).await.unwrap_err();
+        assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
+    });
+    let health = rt
+        .block_on(
+            common::engine::client()
+                .get(format!("{}/health", e.base))
+                .send(),
+        )
+        .unwrap()
+        .status();
+    assert_eq!(health, 200, "a refused drain drained nothing");
+
+    // The operator's pool with a wrong token: refused, and labelled so.
+    let mut pool = ControlClients::new();
+    pool.set_tokens(ControlTokens::new(vec!["ctl-guess".into()]));
+    let out = rt.block_on(pool.set_dp_weights(vec![("r0".into(), at.clone(), vec![0.25, 0.75])]));
+    assert_eq!(result_label(&out[0].2), "unauthenticated", "{out:?}");
+
+    // Mid-rotation: the operator already holds the new token first, the engine's file
+    // only the old one (the kubelet has not refreshed it yet). The call still lands.
+    pool.set_tokens(ControlTokens::new(vec![NEW.into(), OLD.into()]));
+    let out = rt.block_on(pool.set_dp_weights(vec![("r0".into(), at.clone(), vec![0.25, 0.75])]));
+    assert_eq!(result_label(&out[0].2), "ok", "{out:?}");
+    let weights = rt.block_on(async {
+        let mut c = EngineControlClient::connect(e.control.clone())
+            .await
+            .unwrap();
+        let mut req = tonic::Request::new(GetStatsRequest {});
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {OLD}").parse().unwrap());
+        let stats = c.get_stats(req).await.unwrap().into_inner();
+        stats
+            .ranks
+            .iter()
+            .map(|r| r.dispatch_weight)
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(weights, [0.25, 0.75], "the weights the operator set");
+
+    // The file rotates on the engine's side too: new first, then old gone. The pool,
+    // holding only the new token once the grace is over, still lands its calls.
+    std::fs::write(&file, format!("{NEW}\n")).unwrap();
+    pool.set_tokens(ControlTokens::new(vec![NEW.into()]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = rt.block_on(pool.set_dp_weights(vec![("r0".into(), at.clone(), vec![0.5, 0.5])]));
+        if result_label(&out[0].2) == "ok" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the engine never read the new token: {out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    pool.set_tokens(ControlTokens::new(vec![OLD.into()]));
+    let out = rt.block_on(pool.set_dp_weights(vec![("r0".into(), at.clone(), vec![0.5, 0.5])]));
+    assert_eq!(
+        result_label(&out[0].2),
+        "unauthenticated",
+        "the old token outlived the file: {out:?}"
+    );
+
+    let text = metrics(&e);
+    assert_eq!(refused(&text, "missing"), 2.0, "{text}");
+    assert!(refused(&text, "wrong") >= 3.0, "{text}");
+    let log = e.log.lock().unwrap().clone();
+    for secret in [OLD, NEW, "ctl-guess"] {
+        assert!(!log.contains(secret), "a token in the log:\n{log}");
+        assert!(!text.contains(secret), "a token in /metrics");
+    }
+    assert!(
+        !log.contains("the control API is open"),
+        "warned with a token file:\n{log}"
+    );
+    drop(e);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unusable_token_file_stops_the_engine_and_none_warns_that_the_api_is_open() {
+    let dir = common::local::temp_dir("control-auth-bad");
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "\n \n").unwrap();
+    let missing = dir.join("missing");
+    for (file, says) in [(&empty, "holds no key"), (&missing, "cannot be read")] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args(["engine", "--port", "0", "--grpc-port", "0"])
+            .arg("--control-token-file")
+            .arg(file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = wait_exit(&mut child, Duration::from_secs(30));
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("control-token-file")
+                && err.contains(file.to_str().unwrap())
+                && err.to_lowercase().contains(says),
+            "{err}"
+        );
+    }
+    let e = start(&[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !e.log.lock().unwrap().contains("the control API is open") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning that the control API is open:\n{}",
+            e.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(e);
+    let _ = std::fs::remove_dir_all(&dir);
+}
