@@ -498,6 +498,63 @@ fn ballast_on_a_real_cluster() {
     // The engine pod really runs locked down, as PodSecurity `restricted` demands.
     let pod = w.pods(&selector("chat"))[0].clone();
     let pod_name = pod["metadata"]["name"].as_str().unwrap().to_string();
+
+    // 1a. The control API answers the operator's token only (issue 34): the Secret is
+    // owned and mounted, the Service publishes no grpc port, and a caller on the pod
+    // network without the token cannot drain the engine, with it (as the operator) can.
+    let secret = w.json(&["get", "secret", "chat-control-token", "-n", NS]);
+    assert_eq!(
+        secret["metadata"]["ownerReferences"][0]["uid"], uid,
+        "the token Secret is owned"
+    );
+    let token = cp
+        .kubectl(&[
+            "get",
+            "secret",
+            "chat-control-token",
+            "-n",
+            NS,
+            "-o",
+            "go-template={{index .data \"token\" | base64decode}}",
+        ])
+        .unwrap();
+    let token = token.lines().next().unwrap().trim().to_string();
+    assert_eq!(token.len(), 64, "256 bits as hex");
+    let ports = w.json(&["get", "service", "chat", "-n", NS])["spec"]["ports"].clone();
+    assert_eq!(ports.as_array().map(Vec::len), Some(1), "{ports}");
+    assert_eq!(ports[0]["name"], "http", "{ports}");
+    let pod_ip = pod["status"]["podIP"].as_str().unwrap().to_string();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            use ballast_engine::control::proto::engine_control_client::EngineControlClient;
+            use ballast_engine::control::proto::{DrainRequest, GetStatsRequest};
+            let mut c = EngineControlClient::connect(format!("http://{pod_ip}:9000"))
+                .await
+                .unwrap();
+            let s = c.drain(DrainRequest {}).await.unwrap_err();
+            assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
+            let mut wrong = tonic::Request::new(DrainRequest {});
+            wrong
+                .metadata_mut()
+                .insert("authorization", "Bearer not-the-token".parse().unwrap());
+            let s = c.drain(wrong).await.unwrap_err();
+            assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
+            let mut right = tonic::Request::new(GetStatsRequest {});
+            right
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            let stats = c
+                .get_stats(right)
+                .await
+                .expect("the operator's token works");
+            assert!(
+                !stats.into_inner().draining,
+                "the refused drains drained nothing"
+            );
+        });
     let pid = w.container_pid(NS, &pod_name).expect("the engine's pid");
     assert_eq!(
         process_facts(pid),
