@@ -299,7 +299,7 @@ impl ControlPlane {
                 .args(["--api-audiences", "https://kubernetes.default.svc"])
                 .args(["--service-account-key-file", &p("sa.pub")])
                 .args(["--service-account-signing-key-file", &p("sa.key")])
-                .args(["--service-cluster-ip-range", "10.96.0.0/16"])
+                .args(["--service-cluster-ip-range", crate::node::SERVICE_RANGE])
                 .args(["--audit-policy-file", &audit_policy])
                 .args(["--audit-log-path", &audit_log, "--audit-log-format", "json"])
                 .args(["--audit-log-maxsize", "0", "--audit-log-mode", "blocking"])

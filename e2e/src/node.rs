@@ -31,6 +31,11 @@ pub const NODE_NAME: &str = "e2e-node";
 /// The bridge the pods' interfaces join, with the pod network's gateway address.
 const BRIDGE: &str = "ballast-e2e";
 
+/// The cluster's Service range (`--service-cluster-ip-range`), routed onto the bridge so
+/// a cluster IP that kube-proxy has not translated (yet) never leaves the machine by the
+/// default route, as `../shared/k8s/up.sh` does.
+pub const SERVICE_RANGE: &str = "10.96.0.0/16";
+
 /// The sandbox image the kubelet of v1.28 asks for.
 const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
 
@@ -46,7 +51,8 @@ pub struct PodNetwork {
 
 impl PodNetwork {
     /// Creates the bridge (or takes over the one a killed run left), gives it the gateway
-    /// address and turns on forwarding and iptables for bridged traffic.
+    /// address, routes [`SERVICE_RANGE`] onto it and turns on forwarding and iptables for
+    /// bridged traffic.
     pub fn create() -> Result<PodNetwork, String> {
         let ip = |args: &[&str]| run(Command::new("ip").args(args));
         if ip(&["link", "show", BRIDGE]).is_err() {
@@ -60,6 +66,15 @@ impl PodNetwork {
             ip(&["addr", "add", &format!("{}/24", net.gateway), "dev", BRIDGE])?;
         }
         ip(&["link", "set", BRIDGE, "up"])?;
+        // Untranslated Service addresses stay on the bridge (the route goes with the link).
+        ip(&["route", "replace", SERVICE_RANGE, "dev", BRIDGE])?;
+        let probe = SERVICE_RANGE.replace("0.0/16", "0.10");
+        let route = ip(&["route", "get", &probe])?;
+        if !route.contains(&format!("dev {BRIDGE}")) {
+            return Err(format!(
+                "{SERVICE_RANGE} is not routed onto {BRIDGE}: `ip route get {probe}` says {route}"
+            ));
+        }
         for (key, value) in [
             ("net/ipv4/ip_forward", "1"),
             ("net/bridge/bridge-nf-call-iptables", "1"),
