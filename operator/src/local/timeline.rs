@@ -3,7 +3,7 @@
 //! a bounded window and served by `GET /api/timeline`.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -86,11 +86,22 @@ pub struct Timeline {
     services: BTreeMap<String, ServiceTimeline>,
 }
 
-/// Unix time now, in seconds.
+/// Unix time now, in seconds, to the millisecond.
 pub fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+        .map_or(0.0, seconds_to_the_millisecond)
+}
+
+/// `since` compares times that went out as JSON and came back in a query, so each must
+/// survive the trip exactly through any client's parser. A time as precise as the clock
+/// takes 17 significant digits, which parsers without exact float reading (serde_json's
+/// default among them) may read one unit in the last place off, so a client asking for what
+/// is newer than the last time it saw gets that sample again. Milliseconds keep 13 digits,
+/// which every parser reads exactly.
+fn seconds_to_the_millisecond(d: Duration) -> f64 {
+    // Exact: the milliseconds since 1970 fit in 2^53, and the quotient is correctly rounded.
+    d.as_millis() as f64 / 1000.0
 }
 
 fn state_word(s: SignalState) -> &'static str {
@@ -241,6 +252,24 @@ mod tests {
         assert_eq!(d.len(), 2);
         assert_eq!((d[0].from, d[0].to), (0, 1));
         assert_eq!(d[0].action, "ScaleUp");
+    }
+
+    #[test]
+    fn times_come_back_exactly_through_a_plain_json_parser() {
+        // Over a day of instants from late 2026, as precise as the system clock's, each
+        // time read back by serde_json's default (not exact) float reader equals the one
+        // sent.
+        let start = Duration::from_secs(1_796_000_000);
+        for i in 0..100_000u64 {
+            let d = start + Duration::from_nanos(i * 863_977_123);
+            let t = seconds_to_the_millisecond(d);
+            let back: f64 = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+            assert_eq!(back.to_bits(), t.to_bits(), "{d:?} went out as {t}");
+            assert!(
+                (t - d.as_secs_f64()).abs() <= 1.001e-3,
+                "{d:?} went out as {t}"
+            );
+        }
     }
 
     #[test]
