@@ -134,6 +134,49 @@ fn api_keys_guard_v1_and_rotate_through_the_key_file() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// What `spec.auth` gives the operator: the first key of the Secret's text, sent on every
+/// scrape, so an engine with `--metrics-require-key` still tells the autoscaler its state.
+#[test]
+fn the_operators_scraper_reads_a_keyed_metrics_endpoint_with_the_first_key() {
+    use ballast_operator::scrape::{ScrapeConfig, ScrapeError, ScrapeKey, Scraper, Target};
+    use ballast_operator::signals::Dialect;
+
+    let dir = std::env::temp_dir().join(format!("ballast-scrape-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("keys");
+    let text = format!("\n  {NEW}\n{OLD}\n");
+    std::fs::write(&keys, &text).unwrap();
+    let e = spawn_engine(
+        &[
+            "--api-key-file",
+            keys.to_str().unwrap(),
+            "--metrics-require-key",
+        ],
+        Log::Inherit,
+    );
+    assert_eq!(get(&e.base, "/metrics", None).0, 401);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let scrape = |key: Option<ScrapeKey>| {
+        let scraper = Scraper::new(ScrapeConfig {
+            key,
+            ..ScrapeConfig::default()
+        });
+        let target = Target::new("r0", e.base.clone());
+        rt.block_on(scraper.scrape_one(Dialect::Ballast, &target))
+            .result
+    };
+    assert_eq!(scrape(None).unwrap_err(), ScrapeError::HttpStatus(401));
+    let wrong = ScrapeKey::new("sk-wrong");
+    assert_eq!(scrape(wrong).unwrap_err(), ScrapeError::HttpStatus(401));
+    let sample = scrape(ScrapeKey::first_of(text.as_bytes())).expect("scraped with the key");
+    assert_eq!(sample.running, Some(0.0), "{sample:?}");
+    drop(e);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_engine_refuses_to_start_without_usable_keys() {
     let dir = std::env::temp_dir().join(format!("ballast-nokeys-{}", std::process::id()));

@@ -83,6 +83,54 @@ pub struct InferenceServiceSpec {
     /// How replicas are scraped.
     #[serde(default)]
     pub metrics: MetricsSpec,
+    /// Who may call the service's OpenAI API (Kubernetes only). Unset: whoever reaches the
+    /// Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
+}
+
+/// API keys for the service's OpenAI API.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthSpec {
+    /// The key of a Secret in the resource's namespace that holds the API keys, one a line.
+    /// Clients send one as `Authorization: Bearer KEY`; without one `/v1/*` answers 401.
+    /// Ballast engines read the keys from a file mounted from the Secret and pick up a
+    /// change without a restart. vLLM (`VLLM_API_KEY`) and SGLang (`--api-key`) take the
+    /// value whole, once, when the pod starts: for them it must be exactly one key, with no
+    /// trailing newline (`kubectl create secret generic --from-literal`). The operator sends the first key
+    /// on its scrapes, so a Ballast engine's `--metrics-require-key` does not blind it. A
+    /// missing Secret or key holds the service (no pod is created) with a `Degraded`
+    /// condition naming it, until it appears.
+    pub api_key_secret_ref: SecretKeyRef,
+}
+
+/// One key of a Secret in the resource's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    // maxLength bounds the API server's cost estimate of the regular expression.
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message(SECRET_NAME))]
+    pub name: String,
+    /// The key within its `data`.
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^[-._a-zA-Z0-9]+$')").message(SECRET_KEY))]
+    pub key: String,
+}
+
+const SECRET_NAME: &str = "auth.apiKeySecretRef.name must be a DNS subdomain name";
+const SECRET_KEY: &str =
+    "auth.apiKeySecretRef.key must be a Secret key: letters, digits, '-', '_' and '.'";
+
+/// Whether `key` can be a key of a Secret's `data`; the same rule as the CRD's pattern.
+fn is_secret_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// The model.
@@ -907,6 +955,11 @@ impl InferenceServiceSpec {
             m.min_reporting_fraction > 0.0 && m.min_reporting_fraction <= 1.0,
             "minReportingFraction must be in (0, 1]",
         );
+        if let Some(auth) = &self.auth {
+            let r = &auth.api_key_secret_ref;
+            check(is_dns_subdomain(&r.name), SECRET_NAME);
+            check(is_secret_key(&r.key), SECRET_KEY);
+        }
         if errs.is_empty() { Ok(()) } else { Err(errs) }
     }
 }

@@ -2,7 +2,8 @@
 //! are refused with the CRD's own messages.
 
 use ballast_crds::{
-    InferenceService, InferenceServiceSpec, ModelVolumeSpec, PolicyType, parse_yaml,
+    AuthSpec, InferenceService, InferenceServiceSpec, ModelVolumeSpec, PolicyType, SecretKeyRef,
+    parse_yaml,
 };
 
 fn examples() -> Vec<(String, Vec<InferenceService>)> {
@@ -181,6 +182,18 @@ fn bad_specs_are_refused_with_the_crd_messages() {
             Box::new(|s| s.model.volume = Some(host_path("srv/models"))),
             "model.volume.hostPath must be an absolute path",
         ),
+        (
+            Box::new(|s| s.auth = Some(auth("Keys", "api-key"))),
+            "auth.apiKeySecretRef.name must be a DNS subdomain name",
+        ),
+        (
+            Box::new(|s| s.auth = Some(auth("keys", ""))),
+            "auth.apiKeySecretRef.key must be a Secret key: letters, digits, '-', '_' and '.'",
+        ),
+        (
+            Box::new(|s| s.auth = Some(auth("keys", "api/key"))),
+            "auth.apiKeySecretRef.key must be a Secret key: letters, digits, '-', '_' and '.'",
+        ),
     ];
     for (mutate, message) in cases {
         let mut s = base();
@@ -201,6 +214,18 @@ fn bad_specs_are_refused_with_the_crd_messages() {
         let mut s = base();
         s.model.volume = Some(volume.clone());
         assert_eq!(s.validate(), Ok(()), "{volume:?}");
+    }
+    let mut s = base();
+    s.auth = Some(auth("llm-keys.v2", "API_key-1.txt"));
+    assert_eq!(s.validate(), Ok(()));
+}
+
+fn auth(name: &str, key: &str) -> AuthSpec {
+    AuthSpec {
+        api_key_secret_ref: SecretKeyRef {
+            name: name.into(),
+            key: key.into(),
+        },
     }
 }
 

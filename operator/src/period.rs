@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use crate::control::ControlClients;
 use crate::decide::{DecideInput, DpWeights, History, Outcome};
 use crate::metrics::OperatorMetrics;
-use crate::scrape::{ScrapeConfig, Scraper, Target, Tracker};
+use crate::scrape::{ScrapeConfig, ScrapeKey, Scraper, Target, Tracker};
 use crate::signals::{Dialect, FleetSignals};
 use crate::status::{ConditionSet, ReplicaCounts};
 
@@ -78,6 +78,8 @@ pub struct ControlPeriod {
     recommended: Option<i32>,
     /// When the last period's scrape began (wall clock, for the metrics API's timestamps).
     scraped_at: Option<SystemTime>,
+    /// The API key scrapes carry (`spec.auth`), if any.
+    scrape_key: Option<ScrapeKey>,
 }
 
 impl ControlPeriod {
@@ -98,6 +100,7 @@ impl ControlPeriod {
             shadow: History::default(),
             recommended: None,
             scraped_at: None,
+            scrape_key: None,
         }
     }
 
@@ -157,7 +160,10 @@ impl ControlPeriod {
         let next = self.next.unwrap_or(now) + interval;
         self.next = Some(if next > now { next } else { now + interval });
 
-        let config = ScrapeConfig::from_spec(&spec.metrics);
+        let config = ScrapeConfig {
+            key: self.scrape_key.clone(),
+            ..ScrapeConfig::from_spec(&spec.metrics)
+        };
         if self.scraper.as_ref().is_some_and(|(c, _)| *c != config) {
             self.scraper = None;
         }
@@ -238,6 +244,12 @@ impl ControlPeriod {
         };
         self.recommended = Some(recommended);
         outcome
+    }
+
+    /// The API key later scrapes send as a bearer token (`None`: none). A change takes
+    /// effect at the next period, on fresh connections.
+    pub fn set_scrape_key(&mut self, key: Option<ScrapeKey>) {
+        self.scrape_key = key;
     }
 
     /// The control tokens later control calls carry (the current one first).

@@ -600,6 +600,86 @@ async fn an_invalid_spec_waits_for_a_change_with_a_condition() {
     );
 }
 
+fn degraded(server: &Shared) -> (String, String, String) {
+    let status = stored(server).status.unwrap();
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .unwrap();
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+#[tokio::test]
+async fn a_missing_api_key_secret_holds_the_service_until_it_appears() {
+    const KEYS: &str = "/api/v1/namespaces/default/secrets/llm-keys";
+    let server = Shared::default();
+    let i = isvc(
+        "{model: {source: 'synthetic:tiny'}, auth: {apiKeySecretRef: {name: llm-keys, key: api-key}}}",
+    );
+    store(&server, &i);
+    // No Secret: nothing is built, a condition names it, and the operator looks again.
+    let action = reconcile(Arc::new(i.clone()), context(&server))
+        .await
+        .unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+    let w = writes(&server);
+    assert!(w.iter().all(|c| c.path != DEPLOYMENT), "{w:#?}");
+    let (status, reason, message) = degraded(&server);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ApiKeySecretMissing")
+    );
+    assert!(
+        message.contains("Secret default/llm-keys not found"),
+        "{message}"
+    );
+    let event = w.iter().find(|c| c.path.ends_with("/events")).unwrap();
+    assert_eq!(event.body["reason"], "ApiKeySecretMissing");
+
+    // The Secret without that key: named too.
+    let secret = |data: Value| {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "llm-keys", "namespace": "default", "resourceVersion": "1"},
+               "data": data})
+    };
+    server
+        .lock()
+        .unwrap()
+        .objects
+        .insert(KEYS.into(), secret(json!({"other": "eA=="})));
+    reconcile(Arc::new(stored(&server)), context(&server))
+        .await
+        .unwrap();
+    let (_, reason, message) = degraded(&server);
+    assert_eq!(reason, "ApiKeySecretMissing");
+    assert!(message.contains("has no key \"api-key\""), "{message}");
+
+    // Fixed (the operator is not told: it finds it on its next look): the engines are
+    // built with the key mounted, and the condition clears. No key text is written.
+    server
+        .lock()
+        .unwrap()
+        .objects
+        .insert(KEYS.into(), secret(json!({"api-key": "c2stdGVzdC0xMjMK"})));
+    clear_calls(&server);
+    reconcile(Arc::new(stored(&server)), context(&server))
+        .await
+        .unwrap();
+    let w = writes(&server);
+    let d = &write_to(&w, DEPLOYMENT).body;
+    let volumes = d["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    let keys = volumes.iter().find(|v| v["name"] == "api-key").unwrap();
+    assert_eq!(keys["secret"]["secretName"], "llm-keys");
+    assert_eq!(keys["secret"]["items"][0]["key"], "api-key");
+    let (status, reason, _) = degraded(&server);
+    assert_eq!(status, "False", "{reason}");
+    assert_ne!(reason, "ApiKeySecretMissing");
+    for c in &w {
+        assert!(!c.body.to_string().contains("sk-test-123"), "{c:#?}");
+    }
+}
+
 #[tokio::test]
 async fn a_model_volume_is_checked_then_mounted() {
     // Table: (spec.model.volume, a word the InvalidSpec message must have, or None if valid).

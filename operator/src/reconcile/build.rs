@@ -10,9 +10,10 @@ use ballast_crds::{EngineKind, InferenceService, MODEL_MOUNT_PATH};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource,
-    PodReadinessGate, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    HTTPGetAction, HostPathVolumeSource, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodReadinessGate, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -61,6 +62,24 @@ pub const CONTROL_TOKEN_FILE_ENV: &str = "BALLAST_CONTROL_TOKEN_FILE";
 
 /// Where engine pods mount their service's control-token Secret.
 pub const CONTROL_TOKEN_DIR: &str = "/var/run/ballast/control";
+
+/// The variable `ballast engine --api-key-file` reads.
+pub const API_KEY_FILE_ENV: &str = "BALLAST_API_KEY_FILE";
+
+/// Where Ballast engine pods mount the key of `spec.auth.apiKeySecretRef`, as the file
+/// [`API_KEY_FILE_NAME`]: a directory mount, so the kubelet's refresh of a changed Secret
+/// reaches the engine, which re-reads the file.
+pub const API_KEY_DIR: &str = "/var/run/ballast/api-key";
+
+/// The file name of the key in [`API_KEY_DIR`], whatever the Secret's key is called.
+pub const API_KEY_FILE_NAME: &str = "keys";
+
+/// The variable vLLM reads its API key from.
+pub const VLLM_API_KEY_ENV: &str = "VLLM_API_KEY";
+
+/// The variable the operator sets for SGLang, whose `--api-key $(SGLANG_API_KEY)` the
+/// kubelet expands (SGLang reads its key from the flag only).
+pub const SGLANG_API_KEY_ENV: &str = "SGLANG_API_KEY";
 
 /// Whether the service's engines run a control API the operator calls (a Ballast engine
 /// with a `grpcPort`), and so get a control token ([`super::token`]).
@@ -207,7 +226,7 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
     } else {
         0
     };
-    let cmd = engine_args::command(
+    let mut cmd = engine_args::command(
         isvc,
         Listen {
             host: "$(POD_IP)",
@@ -279,6 +298,40 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             ..EnvVar::default()
         });
     }
+    let api_key = isvc.spec.auth.as_ref().map(|a| &a.api_key_secret_ref);
+    let from_secret = |var: &str| {
+        api_key.map(|r| EnvVar {
+            name: var.into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        })
+    };
+    let user_sets = |var: &str| e.env.iter().any(|v| v.name == var);
+    match e.kind {
+        EngineKind::Ballast if api_key.is_some() && !user_sets(API_KEY_FILE_ENV) => {
+            env.push(EnvVar {
+                name: API_KEY_FILE_ENV.into(),
+                value: Some(format!("{API_KEY_DIR}/{API_KEY_FILE_NAME}")),
+                ..EnvVar::default()
+            });
+        }
+        EngineKind::Vllm if !user_sets(VLLM_API_KEY_ENV) => {
+            env.extend(from_secret(VLLM_API_KEY_ENV))
+        }
+        EngineKind::Sglang if api_key.is_some() && !user_sets(SGLANG_API_KEY_ENV) => {
+            env.extend(from_secret(SGLANG_API_KEY_ENV));
+            cmd.args.push("--api-key".into());
+            cmd.args.push(format!("$({SGLANG_API_KEY_ENV})"));
+        }
+        _ => {}
+    }
     env.extend(e.env.iter().cloned());
     let termination_grace = termination_grace_seconds(e.kind, &cmd.args, &env);
     let mut volume_mounts = vec![VolumeMount {
@@ -314,6 +367,28 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
                 // Readable by the engine (its group is the pod's fsGroup), by no one else.
                 default_mode: Some(0o440),
                 ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    if let Some(r) = api_key.filter(|_| e.kind == EngineKind::Ballast) {
+        volume_mounts.push(VolumeMount {
+            name: "api-key".into(),
+            mount_path: API_KEY_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "api-key".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(r.name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: r.key.clone(),
+                    path: API_KEY_FILE_NAME.into(),
+                    ..KeyToPath::default()
+                }]),
+                default_mode: Some(0o440),
+                optional: Some(false),
             }),
             ..Volume::default()
         });
@@ -779,6 +854,103 @@ spec:
             .filter(|v| v.name == name)
             .map(|v| v.value.as_deref())
             .collect()
+    }
+
+    fn with_auth(engine: &str) -> InferenceService {
+        let mut i = isvc(engine);
+        i.spec.auth = Some(ballast_crds::AuthSpec {
+            api_key_secret_ref: ballast_crds::SecretKeyRef {
+                name: "llm-keys".into(),
+                key: "api-key".into(),
+            },
+        });
+        i
+    }
+
+    fn secret_ref<'a>(c: &'a Container, name: &str) -> Option<&'a SecretKeySelector> {
+        let v = c.env.as_ref()?.iter().find(|v| v.name == name)?;
+        v.value_from.as_ref()?.secret_key_ref.as_ref()
+    }
+
+    #[test]
+    fn api_keys_reach_each_engine_the_way_it_reads_them() {
+        // Ballast: the Secret's key as a file in a directory mount (so a change reaches the
+        // engine), pointed at by the variable `--api-key-file` reads.
+        let i = with_auth("{}");
+        let d = deployment(&input(&i)).unwrap();
+        let c = container(&d);
+        assert_eq!(
+            env_value(c, API_KEY_FILE_ENV),
+            [Some("/var/run/ballast/api-key/keys")]
+        );
+        let mount = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == "api-key")
+            .expect("the keys are mounted");
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only, &mount.sub_path),
+            (API_KEY_DIR, Some(true), &None)
+        );
+        let volume = pod(&d)
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "api-key")
+            .and_then(|v| v.secret.as_ref())
+            .unwrap();
+        assert_eq!(volume.secret_name.as_deref(), Some("llm-keys"));
+        let items = volume.items.as_ref().unwrap();
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("api-key", API_KEY_FILE_NAME)
+        );
+        assert_eq!(volume.default_mode, Some(0o440));
+        assert!(secret_ref(c, VLLM_API_KEY_ENV).is_none());
+
+        // vLLM: its variable, from the Secret.
+        let v = with_auth("{kind: vllm, image: v}");
+        let d = deployment(&input(&v)).unwrap();
+        let c = container(&d);
+        let r = secret_ref(c, VLLM_API_KEY_ENV).unwrap();
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("llm-keys", "api-key"));
+        assert!(env_value(c, API_KEY_FILE_ENV).is_empty());
+        assert!(
+            pod(&d)
+                .volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|v| v.name != "api-key")
+        );
+
+        // SGLang: a variable the kubelet expands into its flag.
+        let g = with_auth("{kind: sglang, image: s}");
+        let d = deployment(&input(&g)).unwrap();
+        let c = container(&d);
+        assert!(secret_ref(c, SGLANG_API_KEY_ENV).is_some());
+        let args = c.args.as_ref().unwrap();
+        let at = args.iter().position(|a| a == "--api-key").unwrap();
+        assert_eq!(args[at + 1], "$(SGLANG_API_KEY)");
+
+        // Without spec.auth none of it; a user's own variable wins and is not repeated.
+        for engine in ["{}", "{kind: vllm, image: v}", "{kind: sglang, image: s}"] {
+            let d = deployment(&input(&isvc(engine))).unwrap();
+            let c = container(&d);
+            assert!(env_value(c, API_KEY_FILE_ENV).is_empty(), "{engine}");
+            assert!(secret_ref(c, VLLM_API_KEY_ENV).is_none(), "{engine}");
+            assert!(secret_ref(c, SGLANG_API_KEY_ENV).is_none(), "{engine}");
+            assert!(!c.args.as_ref().unwrap().contains(&"--api-key".to_string()));
+        }
+        let own = with_auth("{env: [{name: BALLAST_API_KEY_FILE, value: /etc/keys}]}");
+        let d = deployment(&input(&own)).unwrap();
+        assert_eq!(
+            env_value(container(&d), API_KEY_FILE_ENV),
+            [Some("/etc/keys")]
+        );
     }
 
     #[test]

@@ -34,6 +34,12 @@ use crate::labels;
 /// read per interval, whatever the size of the fleet.
 pub const DISCOVERY_REFRESH: Duration = Duration::from_secs(10);
 
+/// How long a Secret that an InferenceService references (`spec.auth`) is kept before it is
+/// read again. Such Secrets are the user's, not labelled by the operator, so no watch
+/// holds them: one GET per Secret per interval picks up a fix or a new key, at a cost that
+/// does not grow with the control period's rate.
+pub const REFERENCED_SECRET_REFRESH: Duration = Duration::from_secs(10);
+
 /// How long a reconcile waits for a store that has not synced before it reads the API
 /// server instead (a watch that cannot list: RBAC, an overloaded API server).
 pub const STORE_SYNC_WAIT: Duration = Duration::from_secs(10);
@@ -129,7 +135,12 @@ pub struct Cache {
     /// Where the ServiceMonitor watch looks (`None`: every namespace).
     namespace: Option<String>,
     monitors: tokio::sync::Mutex<Monitors>,
+    /// Referenced Secrets by namespace and name: when read, and what was there.
+    referenced: std::sync::Mutex<ReferencedSecrets>,
 }
+
+type ReferencedSecrets =
+    std::collections::HashMap<(String, String), (Instant, Option<Arc<Secret>>)>;
 
 impl Cache {
     /// Reads through the API only.
@@ -139,6 +150,7 @@ impl Cache {
             stores: None,
             namespace: None,
             monitors: Default::default(),
+            referenced: Default::default(),
         }
     }
 
@@ -150,6 +162,7 @@ impl Cache {
             stores: Some(stores),
             namespace,
             monitors: Default::default(),
+            referenced: Default::default(),
         }
     }
 
@@ -296,6 +309,31 @@ impl Cache {
             .list(&ListParams::default().labels(&labels::selector(name)))
             .await?;
         Ok(list.items.into_iter().map(Arc::new).collect())
+    }
+
+    /// A Secret a service references (not one the operator owns): read from the API server
+    /// at most once per [`REFERENCED_SECRET_REFRESH`], `None` when there is none.
+    pub async fn referenced_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Secret>>, kube::Error> {
+        let key = (namespace.to_string(), name.to_string());
+        let lock = || self.referenced.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, secret)) = lock().get(&key)
+            && at.elapsed() < REFERENCED_SECRET_REFRESH
+        {
+            return Ok(secret.clone());
+        }
+        let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await?
+            .map(Arc::new);
+        let mut held = lock();
+        // Secrets no longer asked for go; the map stays as large as what is referenced.
+        held.retain(|_, (at, _)| at.elapsed() < REFERENCED_SECRET_REFRESH * 6);
+        held.insert(key, (Instant::now(), secret.clone()));
+        Ok(secret)
     }
 
     /// Whether the ServiceMonitor CRD is installed, and if so the service's ServiceMonitor.

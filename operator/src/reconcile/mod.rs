@@ -101,10 +101,14 @@ async fn pipeline(
     let valid = match validate::validate(isvc, &ctx.config.default_engine_image, snapshot) {
         Ok(valid) => valid,
         Err(invalid) => {
-            report::invalid(ctx, invalid).await?;
-            return Ok(Action::await_change());
+            let recheck = invalid.recheck();
+            report::invalid(ctx, *invalid).await?;
+            return Ok(recheck.map_or_else(Action::await_change, Action::requeue));
         }
     };
+    state
+        .period
+        .set_scrape_key(valid.snapshot.api_keys.scrape_key());
     let plan = plan::plan(ctx, state, valid).await;
     let built = build::objects(plan, &ctx.config.default_engine_image)?;
     let applied = apply::apply(ctx, state, built).await?;

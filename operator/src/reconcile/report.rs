@@ -335,14 +335,19 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
 /// built, nothing is scaled).
 pub async fn invalid(ctx: &Context, invalid: Invalid<'_>) -> Result<(), Error> {
     let message = invalid.message();
-    let Invalid { isvc, snapshot, .. } = invalid;
+    let Invalid {
+        isvc,
+        snapshot,
+        reason,
+        ..
+    } = invalid;
     let ns = isvc.namespace().unwrap_or_default();
     let name = isvc.name_any();
     let counts = snapshot.counts();
     let desired = snapshot.deployment_replicas().unwrap_or(0);
     // One Event per invalid spec, not one per status write (pods still change).
     let new = live_condition(isvc, "Degraded")
-        .is_none_or(|c| c.status != "True" || c.reason != "InvalidSpec" || c.message != message);
+        .is_none_or(|c| c.status != "True" || c.reason != reason || c.message != message);
     let s = status_at(
         NewStatus {
             isvc,
@@ -353,13 +358,13 @@ pub async fn invalid(ctx: &Context, invalid: Invalid<'_>) -> Result<(), Error> {
                 ConditionSet {
                     type_: "ScalingActive",
                     status: false,
-                    reason: "InvalidSpec",
+                    reason,
                     message: message.clone(),
                 },
                 ConditionSet {
                     type_: "Degraded",
                     status: true,
-                    reason: "InvalidSpec",
+                    reason,
                     message: message.clone(),
                 },
             ],
@@ -374,8 +379,7 @@ pub async fn invalid(ctx: &Context, invalid: Invalid<'_>) -> Result<(), Error> {
     let wrote = write(&Api::namespaced(ctx.client.clone(), &ns), isvc, &s).await?;
     ctx.count_write(&ns, &name, "status", wrote);
     if wrote && new {
-        ctx.event(isvc, EventType::Warning, "InvalidSpec", message)
-            .await;
+        ctx.event(isvc, EventType::Warning, reason, message).await;
     }
     period::record_state(
         &ctx.metrics,

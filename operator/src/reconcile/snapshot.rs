@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 use ballast_crds::InferenceService;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Service};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 
 use super::cache::{Cache, MonitorState};
 use super::names::{ACCEPTING_CONDITION, DELETION_COST};
+use crate::scrape::ScrapeKey;
 use crate::status::ReplicaCounts;
 
 /// One engine pod.
@@ -204,6 +205,72 @@ pub struct Snapshot {
     pub pods: Vec<PodView>,
     /// HorizontalPodAutoscalers that target it, by name.
     pub autoscalers: Vec<String>,
+    /// Its API keys, as the Secret `spec.auth` names holds them.
+    pub api_keys: ApiKeys,
+}
+
+/// A service's API keys (`spec.auth.apiKeySecretRef`) as the cluster holds them. Nothing
+/// here shows a key: its `Debug` is [`ScrapeKey`]'s.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum ApiKeys {
+    /// No `spec.auth`: the API is open.
+    #[default]
+    NotRequired,
+    /// The Secret holds the key; the first API key in it is what scrapes send.
+    Found(ScrapeKey),
+    /// The Secret, its key, or an API key in it is missing: why, naming what.
+    Missing(String),
+}
+
+impl ApiKeys {
+    /// Judges `secret` (`None`: there is none) as the holder of `spec.auth`'s keys.
+    pub fn of(isvc: &InferenceService, secret: Option<&Secret>) -> ApiKeys {
+        let Some(auth) = &isvc.spec.auth else {
+            return ApiKeys::NotRequired;
+        };
+        let r = &auth.api_key_secret_ref;
+        let ns = isvc.namespace().unwrap_or_default();
+        let Some(secret) = secret else {
+            return ApiKeys::Missing(format!(
+                "spec.auth.apiKeySecretRef: Secret {ns}/{} not found",
+                r.name
+            ));
+        };
+        let value = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&r.key))
+            .map(|v| v.0.as_slice())
+            .or_else(|| {
+                secret
+                    .string_data
+                    .as_ref()
+                    .and_then(|d| d.get(&r.key))
+                    .map(String::as_bytes)
+            });
+        let Some(value) = value else {
+            return ApiKeys::Missing(format!(
+                "spec.auth.apiKeySecretRef: Secret {ns}/{} has no key {:?}",
+                r.name, r.key
+            ));
+        };
+        match ScrapeKey::first_of(value) {
+            Some(key) => ApiKeys::Found(key),
+            None => ApiKeys::Missing(format!(
+                "spec.auth.apiKeySecretRef: key {:?} of Secret {ns}/{} holds no API key (one a \
+                 line, printable ASCII without spaces)",
+                r.key, r.name
+            )),
+        }
+    }
+
+    /// The key scrapes send, if any.
+    pub fn scrape_key(&self) -> Option<ScrapeKey> {
+        match self {
+            ApiKeys::Found(k) => Some(k.clone()),
+            _ => None,
+        }
+    }
 }
 
 impl Default for Snapshot {
@@ -215,6 +282,7 @@ impl Default for Snapshot {
             service_monitor: MonitorState::NotInstalled,
             pods: Vec::new(),
             autoscalers: Vec::new(),
+            api_keys: ApiKeys::NotRequired,
         }
     }
 }
@@ -301,7 +369,17 @@ pub async fn read(cache: &Cache, isvc: &InferenceService) -> Result<Snapshot, ku
         .map(|p| PodView::of(p))
         .collect();
     pods.sort_by(|a, b| a.name.cmp(&b.name));
+    let api_keys = match &isvc.spec.auth {
+        None => ApiKeys::NotRequired,
+        Some(auth) => {
+            let secret = cache
+                .referenced_secret(&ns, &auth.api_key_secret_ref.name)
+                .await?;
+            ApiKeys::of(isvc, secret.as_deref())
+        }
+    };
     Ok(Snapshot {
+        api_keys,
         deployment: cache.deployment(&ns, &name).await?,
         service: cache.service(&ns, &name).await?,
         pdb: cache.pdb(&ns, &name).await?,

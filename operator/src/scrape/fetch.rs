@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::ScrapeKey;
 use super::error::ScrapeError;
 
 /// Longest response head (status line and headers) accepted.
@@ -36,16 +37,26 @@ const READ_ROOM: usize = 64 * 1024;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Where one replica's metrics are: the address to connect to and the request to send.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Its `Debug` shows the address only: the request may carry a key.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Endpoint {
     /// `host:port` (brackets around an IPv6 host): the connection pool's key.
     authority: String,
     request: Vec<u8>,
 }
 
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("authority", &self.authority)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Endpoint {
-    /// The endpoint of `url`, which must be `http://host[:port][/path][?query]`.
-    pub(crate) fn parse(url: &str) -> Result<Endpoint, ScrapeError> {
+    /// The endpoint of `url`, which must be `http://host[:port][/path][?query]`; its request
+    /// carries `key` as a bearer token when there is one.
+    pub(crate) fn parse(url: &str, key: Option<&ScrapeKey>) -> Result<Endpoint, ScrapeError> {
         let bad = |why: &str| ScrapeError::Connect(format!("cannot scrape {url:?}: {why}"));
         let parsed = reqwest::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
         if parsed.scheme() != "http" {
@@ -63,12 +74,18 @@ impl Endpoint {
             target.push('?');
             target.push_str(q);
         }
-        let request = format!(
+        let mut request = format!(
             "GET {target} HTTP/1.1\r\nHost: {authority}\r\n\
-             User-Agent: ballast-operator/{}\r\nAccept: text/plain;version=0.0.4\r\n\r\n",
+             User-Agent: ballast-operator/{}\r\nAccept: text/plain;version=0.0.4\r\n",
             env!("CARGO_PKG_VERSION")
-        )
-        .into_bytes();
+        );
+        if let Some(key) = key {
+            request.push_str("Authorization: Bearer ");
+            request.push_str(key.as_str());
+            request.push_str("\r\n");
+        }
+        request.push_str("\r\n");
+        let request = request.into_bytes();
         Ok(Endpoint { authority, request })
     }
 }
@@ -524,16 +541,19 @@ mod tests {
 
     #[test]
     fn urls() {
-        let e = Endpoint::parse("http://10.0.0.7:8000/metrics").unwrap();
+        let e = Endpoint::parse("http://10.0.0.7:8000/metrics", None).unwrap();
         assert_eq!(e.authority, "10.0.0.7:8000");
         assert!(
             e.request
                 .starts_with(b"GET /metrics HTTP/1.1\r\nHost: 10.0.0.7:8000\r\n")
         );
-        let e = Endpoint::parse("http://[::1]:9/m?x=1").unwrap();
+        let e = Endpoint::parse("http://[::1]:9/m?x=1", None).unwrap();
         assert_eq!(e.authority, "[::1]:9");
         assert!(e.request.starts_with(b"GET /m?x=1 HTTP/1.1\r\n"));
-        assert_eq!(Endpoint::parse("http://h/").unwrap().authority, "h:80");
+        assert_eq!(
+            Endpoint::parse("http://h/", None).unwrap().authority,
+            "h:80"
+        );
         for bad in [
             "https://h/metrics",
             "h:80/metrics",
@@ -541,9 +561,27 @@ mod tests {
             "ftp://h/x",
             "",
         ] {
-            let e = Endpoint::parse(bad).unwrap_err();
+            let e = Endpoint::parse(bad, None).unwrap_err();
             assert_eq!(e.reason(), "connect", "{bad:?}");
         }
+        let text = |e: &Endpoint| String::from_utf8(e.request.clone()).unwrap();
+        assert!(!text(&e_plain()).contains("Authorization"));
+        let key = ScrapeKey::first_of(b"\n  k-1  \nk-2\n").unwrap();
+        let e = Endpoint::parse("http://h:1/metrics", Some(&key)).unwrap();
+        let request = text(&e);
+        assert!(
+            request.contains("\r\nAuthorization: Bearer k-1\r\n") && request.ends_with("\r\n\r\n"),
+            "{request:?}"
+        );
+        assert_eq!(format!("{key:?}"), "ScrapeKey(redacted)");
+        for bad in ["", "two words", "caf\u{e9}", &"k".repeat(4097)] {
+            assert!(ScrapeKey::new(bad).is_none(), "{bad:?}");
+        }
+        assert!(ScrapeKey::first_of(b" \n\n").is_none());
+    }
+
+    fn e_plain() -> Endpoint {
+        Endpoint::parse("http://h:1/metrics", None).unwrap()
     }
 
     /// Decodes `raw` fed in pieces cut at `cuts`; returns the body or the error.
