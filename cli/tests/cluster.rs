@@ -1299,6 +1299,141 @@ fn ballast_on_a_real_cluster() {
     cp.kubectl(&["delete", "inferenceservice", "missing", "noimage", "-n", NS])
         .unwrap();
 
+    // 9a. An HPA whose metric is absent holds the replica count and says why (issue 33):
+    // engines whose /metrics wants a key the operator was not given (BALLAST_API_KEY set
+    // by hand, no spec.auth) fail every scrape, so the metric is absent, never 0. With a 0
+    // the HPA would scale 2 → 1 within a sync period; absent, it must hold at 2.
+    cp.apply(&isvc(
+        "blind",
+        "{model: {source: 'synthetic:tiny'}, replicas: 2, engine: {args: [--metrics-require-key], env: [{name: BALLAST_API_KEY, value: sk-not-the-operators}]}, autoscaling: {enabled: false, minReplicas: 1, maxReplicas: 3}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
+    ))
+    .unwrap();
+    cp.apply(&format!(
+        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: blind, namespace: {NS}}}\nspec:\n  scaleTargetRef: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: blind}}\n  minReplicas: 1\n  maxReplicas: 3\n  metrics:\n  - type: Object\n    object:\n      describedObject: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: blind}}\n      metric: {{name: capacity_waiting_per_replica}}\n      target: {{type: Value, value: \"2\"}}\n  behavior:\n    scaleDown: {{stabilizationWindowSeconds: 0, policies: [{{type: Percent, value: 100, periodSeconds: 5}}]}}\n"
+    ))
+    .unwrap();
+    w.wait_for("blind ready", Duration::from_secs(90), || {
+        (w.status("blind")["readyReplicas"] == 2).then_some(())
+    });
+    let failed = w.wait_for(
+        "the HPA saying the metric is absent",
+        Duration::from_secs(40),
+        || {
+            let h = w.json(&["get", "hpa", "blind", "-n", NS]);
+            h["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "ScalingActive" && c["status"] == "False")
+                .cloned()
+        },
+    );
+    assert_eq!(failed["reason"], "FailedGetObjectMetric", "{failed:#}");
+    // Four sync periods more: still 2.
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        assert_eq!(
+            w.spec_replicas("blind"),
+            Some(2),
+            "the HPA moved on an absent metric:\n{}",
+            cp.kubectl(&["describe", "hpa", "blind", "-n", NS])
+                .unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let described = cp
+        .kubectl(&["describe", "hpa", "blind", "-n", NS])
+        .unwrap_or_default();
+    eprintln!("HPA on an absent metric held at 2:\n{described}");
+    assert!(
+        described.contains("FailedGetObjectMetric") && described.contains("is absent"),
+        "kubectl describe hpa says why:\n{described}"
+    );
+    cp.kubectl(&["delete", "hpa", "blind", "-n", NS]).unwrap();
+    cp.kubectl(&["delete", "inferenceservice", "blind", "-n", NS])
+        .unwrap();
+
+    // 9b. API keys from a Secret (issue 34): without the Secret the service is held with a
+    // condition naming it and nothing is built; once it exists (the operator is not told,
+    // it looks again) the engine runs with the key, the Service answers 401 without it and
+    // 200 with it, and the operator's scrapes, which send it, still read an engine whose
+    // /metrics requires it.
+    const KEY: &str = "sk-e2e-2b7f4c91d03a";
+    cp.apply(&isvc(
+        "keyed",
+        "{model: {source: 'synthetic:tiny'}, engine: {args: [--metrics-require-key]}, autoscaling: {minReplicas: 1, maxReplicas: 1}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}, auth: {apiKeySecretRef: {name: keyed-keys, key: api-keys}}}",
+    ))
+    .unwrap();
+    let held = w.wait_for(
+        "the ApiKeySecretMissing condition",
+        Duration::from_secs(30),
+        || {
+            w.status("keyed")["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Degraded" && c["reason"] == "ApiKeySecretMissing")
+                .cloned()
+        },
+    );
+    assert!(
+        held["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!("Secret {NS}/keyed-keys not found")),
+        "{held}"
+    );
+    assert!(
+        w.json(&["get", "deployment", "keyed", "-n", NS]).is_null(),
+        "nothing built without the Secret"
+    );
+    let fixed_at = Instant::now();
+    cp.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "keyed-keys",
+        "-n",
+        NS,
+        &format!("--from-literal=api-keys={KEY}"),
+    ])
+    .unwrap();
+    w.wait_for("keyed ready", Duration::from_secs(90), || {
+        (w.status("keyed")["readyReplicas"] == 1).then_some(())
+    });
+    eprintln!(
+        "Secret created to a ready keyed replica: {:?}",
+        fixed_at.elapsed()
+    );
+    w.wait_for("keyed's endpoint", Duration::from_secs(30), || {
+        (w.ready_endpoints("keyed").len() == 1).then_some(())
+    });
+    let keyed_url = w.service_url("keyed");
+    let code = |key: Option<&str>| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", "10"]);
+        if let Some(k) = key {
+            c.args(["-H", &format!("authorization: Bearer {k}")]);
+        }
+        let out = c.arg(format!("{keyed_url}/v1/models")).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(code(None), "401", "no key through the Service");
+    assert_eq!(code(Some("sk-wrong")), "401", "a wrong key");
+    assert_eq!(code(Some(KEY)), "200", "the Secret's key");
+    // The operator reads the keyed /metrics: its signals are reported, not missing.
+    w.wait_for("keyed's metrics reported", Duration::from_secs(30), || {
+        w.status("keyed")["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "MetricsAvailable" && c["status"] == "True")
+            .then_some(())
+    });
+    let status = w.status("keyed").to_string();
+    assert!(!status.contains(KEY), "no key in the status: {status}");
+    cp.kubectl(&["delete", "inferenceservice", "keyed", "-n", NS])
+        .unwrap();
+    cp.kubectl(&["delete", "secret", "keyed-keys", "-n", NS])
+        .unwrap();
+
     // 10. The real model in the cluster: SmolLM2 from a PersistentVolume on the node's
     // disk (PodSecurity `restricted` forbids hostPath volumes in pods; a claim is allowed),
     // answering a chat through the Service.
