@@ -261,3 +261,135 @@ fn an_unusable_token_file_stops_the_engine_and_none_warns_that_the_api_is_open()
     drop(e);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--control-tls-cert`/`--control-tls-key` on the real process, called by the operator's
+/// pool: plain HTTP/2 gets nowhere, TLS that trusts another CA or expects another name is
+/// refused, the right CA and name land the call (with the token still required), and a
+/// renewed pair from a new CA serves new connections without a restart. A bad file stops
+/// the engine at start, naming it.
+#[test]
+fn the_control_api_over_tls_trusts_its_ca_only_and_follows_a_renewed_pair() {
+    use ballast_operator::control::{ControlTrust, tls_address};
+    use ballast_operator::metrics_api::certs::{Renewal, issue};
+
+    const NAME: &str = "control.chat.ml.ballast";
+    let dir = common::local::temp_dir("control-tls");
+    let now = std::time::SystemTime::now();
+    let first = issue(None, Renewal::All, &[NAME.to_string()], now).unwrap();
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert, &first.tls_crt).unwrap();
+    std::fs::write(&key, &first.tls_key).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, format!("{OLD}\n")).unwrap();
+    let e = start(&[
+        "--control-token-file",
+        token.to_str().unwrap(),
+        "--control-tls-cert",
+        cert.to_str().unwrap(),
+        "--control-tls-key",
+        key.to_str().unwrap(),
+    ]);
+    assert!(e.control.starts_with("https://"), "{}", e.control);
+    let port: i32 = e.control.rsplit_once(':').unwrap().1.parse().unwrap();
+    let rt = runtime();
+    let call = |pool: &mut ControlClients, at: &str| {
+        let out =
+            rt.block_on(pool.set_dp_weights(vec![("r0".into(), at.to_string(), vec![0.5, 0.5])]));
+        out.into_iter().next().unwrap().2
+    };
+    let trusting = |ca: &str, name: &str| {
+        let mut pool = ControlClients::new();
+        pool.set_tokens(ControlTokens::new(vec![OLD.into()]));
+        pool.set_trust(Some(ControlTrust {
+            ca_pem: ca.to_string(),
+            server_name: name.to_string(),
+        }));
+        pool
+    };
+
+    // Plain HTTP/2 to the TLS port: no answer at all, let alone a call.
+    let plain = call(
+        &mut trusting(&first.ca_crt, NAME),
+        &address("127.0.0.1", port),
+    );
+    assert_eq!(result_label(&plain), "error", "{plain:?}");
+    // TLS without anything to trust is an error that says so, not a silent plain call.
+    let mut bare = ControlClients::new();
+    let e0 = call(&mut bare, &tls_address("127.0.0.1", port)).unwrap_err();
+    assert!(e0.message.contains("no CA to trust"), "{e0:?}");
+    // Another CA, or another name: the handshake fails.
+    let other = issue(None, Renewal::All, &[NAME.to_string()], now).unwrap();
+    let at = tls_address("127.0.0.1", port);
+    let r = call(&mut trusting(&other.ca_crt, NAME), &at);
+    assert_eq!(result_label(&r), "error", "another CA: {r:?}");
+    let r = call(
+        &mut trusting(&first.ca_crt, "control.other.ml.ballast"),
+        &at,
+    );
+    assert_eq!(result_label(&r), "error", "another name: {r:?}");
+    // The right CA and name: the call lands; over TLS the token is still required.
+    let mut pool = trusting(&first.ca_crt, NAME);
+    assert_eq!(result_label(&call(&mut pool, &at)), "ok");
+    pool.set_tokens(ControlTokens::new(vec!["ctl-guess".into()]));
+    assert_eq!(result_label(&call(&mut pool, &at)), "unauthenticated");
+
+    // Renewed from a new CA: new connections that trust it land within a few reloads.
+    let renewed = issue(None, Renewal::All, &[NAME.to_string()], now).unwrap();
+    std::fs::write(&key, &renewed.tls_key).unwrap();
+    std::fs::write(&cert, &renewed.tls_crt).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = call(&mut trusting(&renewed.ca_crt, NAME), &at);
+        if result_label(&r) == "ok" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the renewed pair never served: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A pair that breaks later keeps the last good one.
+    std::fs::write(&cert, "not a certificate").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let r = call(&mut trusting(&renewed.ca_crt, NAME), &at);
+    assert_eq!(result_label(&r), "ok", "{r:?}");
+    let log = e.log.lock().unwrap().clone();
+    assert!(log.contains("keeping the last good certificate"), "{log}");
+    drop(e);
+
+    // At start a bad file is exit 2, naming it.
+    for (c, k, says) in [
+        (dir.join("missing.crt"), key.clone(), "missing.crt"),
+        (
+            cert.clone(),
+            key.clone(),
+            "tls.crt holds no PEM certificate",
+        ),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args(["engine", "--port", "0", "--grpc-port", "0"])
+            .arg("--control-tls-cert")
+            .arg(&c)
+            .arg("--control-tls-key")
+            .arg(&k)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = wait_exit(&mut child, Duration::from_secs(30));
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("control-tls-cert") && err.contains(says),
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -70,6 +70,28 @@ pub struct EngineArgs {
     #[arg(long, env = "BALLAST_CONTROL_TOKEN_FILE", value_name = "PATH")]
     pub control_token_file: Option<PathBuf>,
 
+    /// PEM certificate chain (leaf first) for the control API: with --control-tls-key the
+    /// control API speaks gRPC over TLS only, so its token never crosses the network in
+    /// clear text. Both files are re-read every 2 s and a changed pair serves the next
+    /// connections, so a renewed certificate needs no restart; a missing or bad file at
+    /// start is an error, and one that breaks later keeps the last good pair.
+    #[arg(
+        long,
+        env = "BALLAST_CONTROL_TLS_CERT",
+        value_name = "PATH",
+        requires = "control_tls_key"
+    )]
+    pub control_tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --control-tls-cert.
+    #[arg(
+        long,
+        env = "BALLAST_CONTROL_TLS_KEY",
+        value_name = "PATH",
+        requires = "control_tls_cert"
+    )]
+    pub control_tls_key: Option<PathBuf>,
+
     /// Data-parallel ranks in this process, each with its own scheduler and KV pool,
     /// stepping in lockstep. Metric label `engine` is the rank.
     #[arg(
@@ -626,6 +648,9 @@ pub struct EngineConfig {
     pub grpc_port: u16,
     /// `--control-token-file`: the tokens the control API requires (`None`: it is open).
     pub control_tokens: ApiKeys,
+    /// `--control-tls-cert` and `--control-tls-key`: the control API's TLS pair, checked
+    /// at start (`None`: plain HTTP/2).
+    pub control_tls: Option<crate::control_tls::TlsFiles>,
     /// DP ranks.
     pub data_parallel_size: usize,
     /// Rank assignment.
@@ -818,6 +843,7 @@ impl EngineConfig {
             port: a.port,
             grpc_port: a.grpc_port,
             control_tokens: control_tokens(a)?,
+            control_tls: control_tls(a)?,
             data_parallel_size: a.data_parallel_size,
             dispatch_policy: a.dispatch_policy,
             scheduler: SchedulerConfig {
@@ -873,6 +899,20 @@ fn control_tokens(a: &EngineArgs) -> Result<ApiKeys, ConfigError> {
         text,
         keys,
     })
+}
+
+/// The control API's TLS pair, read and checked now so a bad file is an error at start
+/// that names it.
+fn control_tls(a: &EngineArgs) -> Result<Option<crate::control_tls::TlsFiles>, ConfigError> {
+    let (Some(cert), Some(key)) = (&a.control_tls_cert, &a.control_tls_key) else {
+        return Ok(None);
+    };
+    let files = crate::control_tls::TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+    };
+    crate::control_tls::load(&files).map_err(|e| bad("control-tls-cert", e.to_string()))?;
+    Ok(Some(files))
 }
 
 /// The API keys the flags name. Never falls back to no key when one was meant: an empty

@@ -10,6 +10,7 @@ pub mod admission;
 pub mod backend;
 pub mod config;
 pub mod control;
+pub mod control_tls;
 pub mod core;
 pub mod device;
 pub mod dispatcher;
@@ -97,21 +98,35 @@ pub async fn run(
     let (stop_control, control_stopped) = tokio::sync::oneshot::channel::<()>();
     let control_task = match control {
         Some(l) => {
+            let tls = match &engine.config().control_tls {
+                Some(files) => Some(
+                    control_tls::ControlTls::new(files.clone())
+                        .map_err(|e| std::io::Error::other(format!("--control-tls-cert: {e}")))?,
+                ),
+                None => None,
+            };
             println!(
-                "ballast engine control API listening on http://{}",
+                "ballast engine control API listening on {}://{}",
+                if tls.is_some() { "https" } else { "http" },
                 l.local_addr()?
             );
             let service = control::ControlService::server(engine.clone());
-            Some(tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(
-                        tokio_stream::wrappers::TcpListenerStream::new(l),
-                        async {
-                            let _ = control_stopped.await;
-                        },
-                    ),
-            ))
+            let router = tonic::transport::Server::builder().add_service(service);
+            let stopped = async {
+                let _ = control_stopped.await;
+            };
+            Some(match tls {
+                Some(tls) => tokio::spawn(async move {
+                    let incoming = tls.incoming(l);
+                    let served = router.serve_with_incoming_shutdown(incoming, stopped).await;
+                    drop(tls);
+                    served
+                }),
+                None => tokio::spawn(router.serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(l),
+                    stopped,
+                )),
+            })
         }
         None => None,
     };

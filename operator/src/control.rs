@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Generated protobuf types and the gRPC client.
 #[allow(missing_docs, clippy::all)]
@@ -22,12 +22,25 @@ pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One control-API client per replica, each on a lazily connected channel made on first
 /// use and kept while the replica lives, with [`CONTROL_TIMEOUT`] on connecting and on
-/// every call, each call carrying the service's control token ([`ControlTokens`]).
+/// every call, each call carrying the service's control token ([`ControlTokens`]). An
+/// `https://` address is dialled over TLS, trusting only [`ControlTrust`].
 #[derive(Default)]
 pub struct ControlClients {
     /// By replica: the address the channel was made for, and the client.
     clients: BTreeMap<String, (String, EngineControlClient<Channel>)>,
     tokens: ControlTokens,
+    trust: Option<ControlTrust>,
+}
+
+/// What the operator trusts when an engine's control API serves TLS: the CA certificates
+/// (PEM) that sign engines' certificates, and the name those carry (pods are dialled by
+/// IP, so the name is checked instead of the address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlTrust {
+    /// PEM certificates of the CAs.
+    pub ca_pem: String,
+    /// The DNS name engines' certificates must carry.
+    pub server_name: String,
 }
 
 /// A fresh control token: 32 random bytes from the system's generator, as 64 hex digits.
@@ -93,6 +106,15 @@ impl ControlClients {
         self.tokens = tokens;
     }
 
+    /// What later TLS connections trust (`None`: `https://` addresses cannot be called).
+    /// A change closes every channel, so no connection outlives the trust it was made on.
+    pub fn set_trust(&mut self, trust: Option<ControlTrust>) {
+        if self.trust != trust {
+            self.clients.clear();
+            self.trust = trust;
+        }
+    }
+
     /// Forgets the clients of replicas for which `live` is false (their channels close).
     pub fn retain(&mut self, live: impl Fn(&str) -> bool) {
         self.clients.retain(|replica, _| live(replica));
@@ -103,15 +125,32 @@ impl ControlClients {
         self.clients.keys().map(String::as_str).collect()
     }
 
-    /// The client of `replica` at `address` (`http://host:port`): the pool's, or a new one
-    /// when it has none for that address. `None` when the address is not a URI.
-    fn client(&mut self, replica: &str, address: &str) -> Option<EngineControlClient<Channel>> {
+    /// The client of `replica` at `address` (`http://host:port`, or `https://` for TLS):
+    /// the pool's, or a new one when it has none for that address. An error when the
+    /// address is not a URI, or is `https://` with nothing to trust.
+    fn client(
+        &mut self,
+        replica: &str,
+        address: &str,
+    ) -> Result<EngineControlClient<Channel>, String> {
         if let Some((at, c)) = self.clients.get(replica)
             && at == address
         {
-            return Some(c.clone());
+            return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(address.to_string()).ok()?;
+        let mut endpoint = Endpoint::from_shared(address.to_string())
+            .map_err(|_| format!("not a control API address: {address}"))?;
+        if address.starts_with("https://") {
+            let trust = self.trust.as_ref().ok_or_else(|| {
+                format!("{address} serves TLS but the operator has no CA to trust for it")
+            })?;
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&trust.ca_pem))
+                .domain_name(trust.server_name.clone());
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| format!("cannot set up TLS for {address}: {e}"))?;
+        }
         let client = EngineControlClient::new(
             endpoint
                 .connect_timeout(CONTROL_TIMEOUT)
@@ -120,7 +159,7 @@ impl ControlClients {
         );
         self.clients
             .insert(replica.to_string(), (address.to_string(), client.clone()));
-        Some(client)
+        Ok(client)
     }
 
     /// Sets each `(replica, address, weights)` concurrently, each call bounded by
@@ -132,15 +171,16 @@ impl ControlClients {
     ) -> Vec<(String, Vec<f64>, Result<(), CallError>)> {
         let mut pending = Vec::new();
         for (replica, address, weights) in calls {
-            let Some(mut client) = self.client(&replica, &address) else {
-                pending.push(futures::future::Either::Left(std::future::ready((
-                    replica,
-                    weights,
-                    Err(CallError::failed(format!(
-                        "not a control API address: {address}"
-                    ))),
-                ))));
-                continue;
+            let mut client = match self.client(&replica, &address) {
+                Ok(c) => c,
+                Err(why) => {
+                    pending.push(futures::future::Either::Left(std::future::ready((
+                        replica,
+                        weights,
+                        Err(CallError::failed(why)),
+                    ))));
+                    continue;
+                }
             };
             let headers = self.tokens.headers();
             pending.push(futures::future::Either::Right(async move {
@@ -220,6 +260,11 @@ pub fn address(host: &str, port: i32) -> String {
     } else {
         format!("http://{host}:{port}")
     }
+}
+
+/// [`address`] for an engine whose control API serves TLS.
+pub fn tls_address(host: &str, port: i32) -> String {
+    address(host, port).replacen("http://", "https://", 1)
 }
 
 #[cfg(test)]

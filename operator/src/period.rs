@@ -257,6 +257,11 @@ impl ControlPeriod {
         self.controls.set_tokens(tokens);
     }
 
+    /// What later control calls to `https://` addresses trust (`None`: nothing).
+    pub fn set_control_trust(&mut self, trust: Option<crate::control::ControlTrust>) {
+        self.controls.set_trust(trust);
+    }
+
     /// Sets the DP weights `plans` name over each replica's control API, at the address
     /// `address` gives (replicas without one are skipped), concurrently, each call bounded
     /// by [`CONTROL_TIMEOUT`](crate::control::CONTROL_TIMEOUT). What an engine confirmed is
