@@ -524,6 +524,33 @@ fn ballast_on_a_real_cluster() {
     assert_eq!(ports.as_array().map(Vec::len), Some(1), "{ports}");
     assert_eq!(ports[0]["name"], "http", "{ports}");
     let pod_ip = pod["status"]["podIP"].as_str().unwrap().to_string();
+    // The control API serves TLS with the Secret's pair (issue 34 step 2): the pod mounts
+    // the token and the serving pair, never the CA key; a plain client gets nowhere, one
+    // that trusts the Secret's CA and checks the service's name gets in, with the token.
+    let items = &pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "control-token")
+        .unwrap()["secret"]["items"];
+    let mounted: Vec<&str> = items
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["key"].as_str())
+        .collect();
+    assert_eq!(mounted, ["token", "tls.crt", "tls.key"], "{items}");
+    let ca = cp
+        .kubectl(&[
+            "get",
+            "secret",
+            "chat-control-token",
+            "-n",
+            NS,
+            "-o",
+            "go-template={{index .data \"ca.crt\" | base64decode}}",
+        ])
+        .unwrap();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -531,9 +558,26 @@ fn ballast_on_a_real_cluster() {
         .block_on(async {
             use ballast_engine::control::proto::engine_control_client::EngineControlClient;
             use ballast_engine::control::proto::{DrainRequest, GetStatsRequest};
-            let mut c = EngineControlClient::connect(format!("http://{pod_ip}:9000"))
+            use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+            let plain = async {
+                let mut c = EngineControlClient::connect(format!("http://{pod_ip}:9000")).await?;
+                c.drain(DrainRequest {})
+                    .await
+                    .map_err(Box::<dyn std::error::Error>::from)
+            };
+            let plain = tokio::time::timeout(Duration::from_secs(10), plain).await;
+            assert!(!matches!(plain, Ok(Ok(_))), "a plain-text drain was served");
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&ca))
+                .domain_name(format!("chat.{NS}.control.ballast.internal"));
+            let channel = Endpoint::from_shared(format!("https://{pod_ip}:9000"))
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
                 .await
-                .unwrap();
+                .expect("TLS with the Secret's CA and the service's name");
+            let mut c = EngineControlClient::new(channel);
             let s = c.drain(DrainRequest {}).await.unwrap_err();
             assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
             let mut wrong = tonic::Request::new(DrainRequest {});

@@ -61,7 +61,9 @@ pub struct Pem {
 }
 
 impl Pem {
-    fn from_secret(s: &Secret) -> Option<Pem> {
+    /// The pair a Secret holds (keys `ca.crt`, `ca.key`, `tls.crt`, `tls.key`, and
+    /// `previous-ca.crt` if any), `None` when a key is missing or not text.
+    pub fn from_secret(s: &Secret) -> Option<Pem> {
         let data = s.data.as_ref()?;
         let text = |k: &str| {
             data.get(k)
@@ -76,7 +78,8 @@ impl Pem {
         })
     }
 
-    fn data(&self) -> BTreeMap<String, ByteString> {
+    /// The Secret data that holds it, under the keys [`Pem::from_secret`] reads.
+    pub fn data(&self) -> BTreeMap<String, ByteString> {
         [
             ("ca.crt", &self.ca_crt),
             ("ca.key", &self.ca_key),
@@ -169,6 +172,23 @@ pub fn issue(
     dns_names: &[String],
     now: SystemTime,
 ) -> Result<Pem, String> {
+    issue_from(
+        old,
+        renewal,
+        dns_names,
+        now,
+        "ballast-operator metrics-API CA",
+    )
+}
+
+/// [`issue`], a new CA being called `ca_name` (its common name).
+pub fn issue_from(
+    old: Option<&Pem>,
+    renewal: Renewal,
+    dns_names: &[String],
+    now: SystemTime,
+    ca_name: &str,
+) -> Result<Pem, String> {
     let at = |d: Duration| -> time::OffsetDateTime {
         let secs = (now + d)
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -192,7 +212,7 @@ pub fn issue(
             params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
             params
                 .distinguished_name
-                .push(rcgen::DnType::CommonName, "ballast-operator metrics-API CA");
+                .push(rcgen::DnType::CommonName, ca_name);
             params.key_usages = vec![
                 rcgen::KeyUsagePurpose::KeyCertSign,
                 rcgen::KeyUsagePurpose::CrlSign,

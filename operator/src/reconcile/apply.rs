@@ -59,9 +59,10 @@ pub async fn apply<'a>(
     }
     // The control token before the Deployment whose pods mount it.
     if super::build::uses_control_token(plan.isvc) {
-        let (tokens, wrote) = super::token::ensure(client, &ctx.cache, plan.isvc).await?;
+        let (tokens, trust, wrote) = super::token::ensure(client, &ctx.cache, plan.isvc).await?;
         ctx.count_write(&ns, &name, "secret", wrote);
         state.period.set_control_tokens(tokens);
+        state.period.set_control_trust(Some(trust));
     }
     let snapshot = &plan.snapshot;
     let written = apply_object(
@@ -125,8 +126,15 @@ pub async fn apply<'a>(
         state
             .period
             .set_dp_weights(&ctx.metrics, &plan.dp_weights, |pod| {
-                let ip = ready.get(pod)?.ip.as_deref()?;
-                Some(crate::control::address(ip, port))
+                let p = ready.get(pod)?;
+                let ip = p.ip.as_deref()?;
+                // A pod from before the operator turned TLS on speaks plain HTTP/2 until
+                // the rollout replaces it.
+                Some(if p.control_tls {
+                    crate::control::tls_address(ip, port)
+                } else {
+                    crate::control::address(ip, port)
+                })
             })
             .await;
     }

@@ -60,8 +60,14 @@ pub const TERMINATION_GRACE_SECONDS: i64 =
 /// for the same reason as [`SHUTDOWN_DELAY_ENV`].
 pub const CONTROL_TOKEN_FILE_ENV: &str = "BALLAST_CONTROL_TOKEN_FILE";
 
-/// Where engine pods mount their service's control-token Secret.
+/// Where engine pods mount their service's control-token Secret (the token and the
+/// control API's serving pair; never the CA key).
 pub const CONTROL_TOKEN_DIR: &str = "/var/run/ballast/control";
+
+/// The variables `ballast engine --control-tls-cert` and `--control-tls-key` read.
+pub const CONTROL_TLS_CERT_ENV: &str = "BALLAST_CONTROL_TLS_CERT";
+/// See [`CONTROL_TLS_CERT_ENV`].
+pub const CONTROL_TLS_KEY_ENV: &str = "BALLAST_CONTROL_TLS_KEY";
 
 /// The variable `ballast engine --api-key-file` reads.
 pub const API_KEY_FILE_ENV: &str = "BALLAST_API_KEY_FILE";
@@ -291,12 +297,26 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
         });
     }
     let control_token = uses_control_token(isvc);
-    if control_token && !e.env.iter().any(|v| v.name == CONTROL_TOKEN_FILE_ENV) {
-        env.push(EnvVar {
-            name: CONTROL_TOKEN_FILE_ENV.into(),
-            value: Some(format!("{CONTROL_TOKEN_DIR}/{}", super::token::TOKEN_KEY)),
-            ..EnvVar::default()
-        });
+    if control_token {
+        // The token, and the control API over TLS with the pair of the same Secret. A
+        // variable the user set wins; TLS is on only with both of the pair's.
+        let tls_own = [CONTROL_TLS_CERT_ENV, CONTROL_TLS_KEY_ENV]
+            .iter()
+            .any(|n| e.env.iter().any(|v| v.name == *n));
+        let mut vars = vec![(CONTROL_TOKEN_FILE_ENV, super::token::TOKEN_KEY)];
+        if !tls_own {
+            vars.push((CONTROL_TLS_CERT_ENV, "tls.crt"));
+            vars.push((CONTROL_TLS_KEY_ENV, "tls.key"));
+        }
+        for (var, file) in vars {
+            if !e.env.iter().any(|v| v.name == var) {
+                env.push(EnvVar {
+                    name: var.into(),
+                    value: Some(format!("{CONTROL_TOKEN_DIR}/{file}")),
+                    ..EnvVar::default()
+                });
+            }
+        }
     }
     let api_key = isvc.spec.auth.as_ref().map(|a| &a.api_key_secret_ref);
     let from_secret = |var: &str| {
@@ -364,6 +384,17 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             name: "control-token".into(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(super::token::secret_name(&name)),
+                // The token and the serving pair only: the CA key stays in the Secret.
+                items: Some(
+                    [super::token::TOKEN_KEY, "tls.crt", "tls.key"]
+                        .into_iter()
+                        .map(|k| KeyToPath {
+                            key: k.into(),
+                            path: k.into(),
+                            ..KeyToPath::default()
+                        })
+                        .collect(),
+                ),
                 // Readable by the engine (its group is the pod's fsGroup), by no one else.
                 default_mode: Some(0o440),
                 ..SecretVolumeSource::default()
@@ -765,6 +796,37 @@ spec:
         let secret = volume.secret.as_ref().unwrap();
         assert_eq!(secret.secret_name.as_deref(), Some("chat-control-token"));
         assert_eq!(secret.default_mode, Some(0o440));
+        // The token and the serving pair, never the CA key; the engine serves TLS with it.
+        let items: Vec<&str> = secret
+            .items
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|k| k.key.as_str())
+            .collect();
+        assert_eq!(items, ["token", "tls.crt", "tls.key"]);
+        let c = container(&d);
+        assert_eq!(
+            env_value(c, CONTROL_TLS_CERT_ENV),
+            [Some("/var/run/ballast/control/tls.crt")]
+        );
+        assert_eq!(
+            env_value(c, CONTROL_TLS_KEY_ENV),
+            [Some("/var/run/ballast/control/tls.key")]
+        );
+        // A pair of the user's own: theirs, and neither of ours.
+        let own_tls = isvc(
+            "{env: [{name: BALLAST_CONTROL_TLS_CERT, value: /etc/c}, {name: BALLAST_CONTROL_TLS_KEY, value: /etc/k}]}",
+        );
+        let d2 = deployment(&input(&own_tls)).unwrap();
+        assert_eq!(
+            env_value(container(&d2), CONTROL_TLS_CERT_ENV),
+            [Some("/etc/c")]
+        );
+        assert_eq!(
+            env_value(container(&d2), CONTROL_TLS_KEY_ENV),
+            [Some("/etc/k")]
+        );
         // The Service publishes the OpenAI port only: the operator dials pods directly.
         let ports = service(&i).unwrap().spec.unwrap().ports.unwrap();
         let names: Vec<_> = ports.iter().map(|p| p.name.as_deref().unwrap()).collect();
@@ -785,6 +847,10 @@ spec:
             let d = deployment(&input(&i)).unwrap();
             assert!(
                 env_value(container(&d), CONTROL_TOKEN_FILE_ENV).is_empty(),
+                "{spec}"
+            );
+            assert!(
+                env_value(container(&d), CONTROL_TLS_CERT_ENV).is_empty(),
                 "{spec}"
             );
             assert!(

@@ -61,6 +61,9 @@ pub enum BuildError {
         "spec.engine.image is required for engine.kind {0} (the operator has a default only for ballast)"
     )]
     NoImage(&'static str),
+    /// A certificate could not be made (the system's random generator failed, say).
+    #[error("{0}")]
+    Certificate(String),
 }
 
 /// The longest retry delay.

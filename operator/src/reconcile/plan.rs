@@ -239,6 +239,7 @@ mod tests {
             accepting,
             deletion_cost: cost.map(str::to_string),
             start_failure: None,
+            control_tls: false,
         }
     }
 

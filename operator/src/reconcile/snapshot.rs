@@ -35,6 +35,9 @@ pub struct PodView {
     pub deletion_cost: Option<String>,
     /// A container that cannot run (image, creation, crash loop), as the kubelet says.
     pub start_failure: Option<StartFailure>,
+    /// Its engine serves the control API over TLS (the container sets
+    /// `BALLAST_CONTROL_TLS_CERT`).
+    pub control_tls: bool,
 }
 
 /// What keeps a container from running, by what the user has to fix.
@@ -181,6 +184,13 @@ impl PodView {
                 .as_ref()
                 .and_then(|a| a.get(DELETION_COST).cloned()),
             start_failure,
+            control_tls: pod
+                .spec
+                .iter()
+                .flat_map(|s| &s.containers)
+                .filter(|c| c.name == "engine")
+                .flat_map(|c| c.env.iter().flatten())
+                .any(|v| v.name == super::build::CONTROL_TLS_CERT_ENV),
         }
     }
 

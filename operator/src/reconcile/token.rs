@@ -10,8 +10,15 @@
 //! operator tries the current token first and the old one when an engine refuses it, so
 //! control calls keep working while the kubelet refreshes each pod's copy of the Secret.
 //!
+//! The same Secret holds the control API's TLS pair: a CA (`ca.crt`, `ca.key`) and a
+//! serving certificate for [`tls_name`] (`tls.crt`, `tls.key`), made with the Secret and
+//! renewed before they expire ([`crate::metrics_api::certs`]'s rules: the serving
+//! certificate 30 days before, the CA a year before, the old CA trusted until it expires).
+//! Engine pods mount the token and the serving pair, never the CA key; engines re-read the
+//! pair when the kubelet refreshes it, and the operator trusts the CA alone.
+//!
 //! The decision is pure ([`next`]); [`ensure`] reads the Secret and writes what it decides.
-//! Nothing here logs a token.
+//! Nothing here logs a token or a key.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,8 +34,9 @@ use ballast_crds::InferenceService;
 
 use super::build::{BuildError, owner_reference};
 use super::cache::Cache;
-use crate::control::{ControlTokens, fresh_token};
+use crate::control::{ControlTokens, ControlTrust, fresh_token};
 use crate::labels;
+use crate::metrics_api::certs::{self, Pem, Renewal};
 
 /// The Secret's key, and the file name engines read it from.
 pub const TOKEN_KEY: &str = "token";
@@ -51,6 +59,45 @@ pub const ROTATION_GRACE: Duration = Duration::from_secs(120);
 /// The name of a service's token Secret.
 pub fn secret_name(service: &str) -> String {
     format!("{service}-control-token")
+}
+
+/// The DNS name in a service's control-API certificate, which the operator checks (it
+/// dials pods by IP, so no address could be checked). Never resolved.
+pub fn tls_name(isvc: &InferenceService) -> String {
+    format!(
+        "{}.{}.control.ballast.internal",
+        isvc.name_any(),
+        isvc.namespace().unwrap_or_default()
+    )
+}
+
+/// The common name of a service's control-API CA.
+const CA_NAME: &str = "ballast-operator control-API CA";
+
+/// The TLS pair the Secret should hold, and whether it is new: the one there is, unless it
+/// is missing, for another name, or due for renewal.
+pub fn next_tls(
+    existing: Option<&Secret>,
+    name: &str,
+    now: std::time::SystemTime,
+) -> Result<(Pem, bool), String> {
+    let pem = existing.and_then(Pem::from_secret);
+    let names = [name.to_string()];
+    match certs::renewal(pem.as_ref(), &names, now) {
+        Renewal::Keep => Ok((pem.expect("Keep needs a pair"), false)),
+        r => Ok((
+            certs::issue_from(pem.as_ref(), r, &names, now, CA_NAME)?,
+            true,
+        )),
+    }
+}
+
+/// What the operator's control client trusts for the service's engines.
+pub fn trust(isvc: &InferenceService, pem: &Pem) -> ControlTrust {
+    ControlTrust {
+        ca_pem: pem.ca_bundle(),
+        server_name: tls_name(isvc),
+    }
 }
 
 /// What the Secret should hold.
@@ -142,12 +189,14 @@ pub fn next(
     }
 }
 
-/// The Secret a decision implies for `isvc`, owned by it (its `resourceVersion` is the
-/// caller's to set for an update).
-pub fn secret(isvc: &InferenceService, d: &Decision) -> Result<Secret, BuildError> {
+/// The Secret a decision and a TLS pair imply for `isvc`, owned by it (its
+/// `resourceVersion` is the caller's to set for an update).
+pub fn secret(isvc: &InferenceService, d: &Decision, tls: &Pem) -> Result<Secret, BuildError> {
     let name = isvc.name_any();
     let mut text = d.tokens.join("\n");
     text.push('\n');
+    let mut data = tls.data();
+    data.insert(TOKEN_KEY.to_string(), ByteString(text.into_bytes()));
     Ok(Secret {
         metadata: ObjectMeta {
             name: Some(secret_name(&name)),
@@ -158,10 +207,7 @@ pub fn secret(isvc: &InferenceService, d: &Decision) -> Result<Secret, BuildErro
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".into()),
-        data: Some(BTreeMap::from([(
-            TOKEN_KEY.to_string(),
-            ByteString(text.into_bytes()),
-        )])),
+        data: Some(data),
         ..Secret::default()
     })
 }
@@ -172,11 +218,12 @@ pub fn secret(isvc: &InferenceService, d: &Decision) -> Result<Secret, BuildErro
 /// rather than lose a token), and returns the tokens control calls carry and whether it
 /// wrote. A write refused as a conflict (the store had not seen this operator's own last
 /// write yet, or someone else wrote) is decided again once on the Secret read afresh.
+/// Also returns what control calls trust ([`trust`]).
 pub async fn ensure(
     client: &Client,
     cache: &Cache,
     isvc: &InferenceService,
-) -> Result<(ControlTokens, bool), super::Error> {
+) -> Result<(ControlTokens, ControlTrust, bool), super::Error> {
     let ns = isvc.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let name = secret_name(&isvc.name_any());
@@ -188,12 +235,15 @@ pub async fn ensure(
         .map(String::as_str);
     let mut existing = cache.secret(&ns, &name).await?;
     let mut retried = false;
+    let tls_name = tls_name(isvc);
     loop {
         let d = next(existing.as_deref(), request, Timestamp::now(), fresh_token);
-        if !d.write {
-            return Ok((ControlTokens::new(d.tokens), false));
+        let (pem, renewed) = next_tls(existing.as_deref(), &tls_name, std::time::SystemTime::now())
+            .map_err(|e| BuildError::Certificate(format!("control API TLS: {e}")))?;
+        if !d.write && !renewed {
+            return Ok((ControlTokens::new(d.tokens), trust(isvc, &pem), false));
         }
-        let mut s = secret(isvc, &d)?;
+        let mut s = secret(isvc, &d, &pem)?;
         let written = match &existing {
             Some(old) => {
                 s.metadata.resource_version = old.metadata.resource_version.clone();
@@ -208,9 +258,10 @@ pub async fn ensure(
                     namespace = %ns,
                     secret = %name,
                     tokens = d.tokens.len(),
+                    tls_renewed = renewed,
                     "control token Secret written"
                 );
-                return Ok((ControlTokens::new(d.tokens), true));
+                return Ok((ControlTokens::new(d.tokens), trust(isvc, &pem), true));
             }
             Err(kube::Error::Api(e)) if e.code == 409 && !retried => {
                 retried = true;
@@ -317,6 +368,37 @@ mod tests {
     }
 
     #[test]
+    fn the_tls_pair_is_made_once_and_renewed_for_another_name_or_near_its_end() {
+        let now = std::time::SystemTime::now();
+        let name = "chat.ml.control.ballast.internal";
+        let (pem, new) = next_tls(None, name, now).unwrap();
+        assert!(new);
+        let held = Secret {
+            data: Some(pem.data()),
+            ..Secret::default()
+        };
+        let (again, new) = next_tls(Some(&held), name, now).unwrap();
+        assert!(!new);
+        assert_eq!(again, pem);
+        // A Secret from before TLS (a token only) gets a pair.
+        let (_, new) = next_tls(Some(&with("tok\n", &[])), name, now).unwrap();
+        assert!(new);
+        // Another service's name: a new serving certificate from the same CA.
+        let (other, new) = next_tls(Some(&held), "x.ml.control.ballast.internal", now).unwrap();
+        assert!(new);
+        assert_eq!(
+            (other.ca_crt == pem.ca_crt, other.tls_crt == pem.tls_crt),
+            (true, false)
+        );
+        // Eleven months on the serving certificate is renewed, the CA kept.
+        let later = now + std::time::Duration::from_secs(340 * 24 * 3600);
+        let (renewed, new) = next_tls(Some(&held), name, later).unwrap();
+        assert!(new);
+        assert_eq!(renewed.ca_crt, pem.ca_crt);
+        assert_ne!(renewed.tls_crt, pem.tls_crt);
+    }
+
+    #[test]
     fn the_secret_is_owned_labelled_and_holds_one_token_a_line() {
         let isvc: InferenceService = serde_json::from_value(serde_json::json!({
             "apiVersion": "ballast.dev/v1alpha1", "kind": "InferenceService",
@@ -325,12 +407,17 @@ mod tests {
         }))
         .unwrap();
         let d = next(None, None, t("2026-12-05T00:00:00Z"), || "abc".into());
-        let s = secret(&isvc, &d).unwrap();
+        let (pem, _) = next_tls(None, &tls_name(&isvc), std::time::SystemTime::now()).unwrap();
+        let s = secret(&isvc, &d, &pem).unwrap();
         assert_eq!(s.metadata.name.as_deref(), Some("chat-control-token"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("ml"));
         assert_eq!(s.metadata.owner_references.unwrap()[0].uid, "u-1");
         assert!(s.metadata.labels.unwrap().contains_key(labels::MANAGED_BY));
-        assert_eq!(s.data.unwrap()[TOKEN_KEY].0, b"abc\n");
+        let data = s.data.unwrap();
+        assert_eq!(data[TOKEN_KEY].0, b"abc\n");
+        for key in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
+            assert!(!data[key].0.is_empty(), "{key}");
+        }
         let debug = format!("{:?}", ControlTokens::new(vec!["abc".into()]));
         assert!(!debug.contains("abc"), "{debug}");
     }
