@@ -181,7 +181,7 @@ fn every_alert_is_complete_and_links_to_its_runbook_section() {
             "runbook for unknown alert {heading}"
         );
     }
-    assert_eq!(names.len(), 7, "{names:?}");
+    assert_eq!(names.len(), 8, "{names:?}");
 }
 
 #[test]
