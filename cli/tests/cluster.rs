@@ -1321,12 +1321,15 @@ fn ballast_on_a_real_cluster() {
             .is_null(),
         "nothing built from an invalid spec"
     );
+    // A control period of a minute: the condition must come from the pod's own change
+    // (the kubelet's ErrImagePull), within seconds, not from the next period.
     cp.apply(&isvc(
         "missing",
-        "{model: {source: 'synthetic:tiny'}, engine: {image: 'localhost/ballast:not-loaded'}}",
+        "{model: {source: 'synthetic:tiny'}, engine: {image: 'localhost/ballast:not-loaded'}, metrics: {scrapeIntervalSeconds: 60, scrapeTimeoutSeconds: 2}}",
     ))
     .unwrap();
-    let degraded = w.wait_for("the image-pull condition", Duration::from_secs(90), || {
+    let applied = Instant::now();
+    let degraded = w.wait_for("the image-pull condition", Duration::from_secs(40), || {
         w.status("missing")["conditions"]
             .as_array()?
             .iter()
@@ -1339,7 +1342,10 @@ fn ballast_on_a_real_cluster() {
         message.contains("localhost/ballast:not-loaded") && message.contains("container engine"),
         "the condition names the image and the container: {degraded}"
     );
-    eprintln!("missing image: {message}");
+    eprintln!(
+        "missing image: Degraded {:?} after the apply (control period 60 s): {message}",
+        applied.elapsed()
+    );
     cp.kubectl(&["delete", "inferenceservice", "missing", "noimage", "-n", NS])
         .unwrap();
 

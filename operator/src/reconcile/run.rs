@@ -20,12 +20,14 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::cache::{Cache, Stores, owned_watch, reflect};
 use super::leader::Elector;
+use super::snapshot::PodView;
 use super::{Config, Context, error_policy, reconcile};
 use crate::metrics::OperatorMetrics;
 use crate::metrics_api::server::{self, MetricsApiArgs, StartError};
@@ -326,8 +328,11 @@ pub async fn run(
     // One watch per owned kind feeds the store reconciles read and triggers a reconcile of
     // the owner when an object changes (a deleted Service is put back at once). Every
     // Deployment is watched, as the Controller's `owns` did: an owned one a user relabelled
-    // must still be found, or its size would be taken for a new service's. Pods are
-    // watched only for the store: a reconcile reads them each period.
+    // must still be found, or its size would be taken for a new service's. A pod triggers
+    // its service's reconcile only when what the status shows of it changes (a container
+    // that cannot start, readiness, deletion: [`PodView::signature`]), so `Degraded`
+    // follows the kubelet within seconds, not at the next period, and the pod updates a
+    // busy fleet makes all the time cost nothing.
     let (deployments, deployment_events) =
         reflect(api::<Deployment>(&client, ns), watcher::Config::default());
     let (services, service_events) = reflect(api::<Service>(&client, ns), owned_watch());
@@ -336,11 +341,7 @@ pub async fn run(
     // back, and a settled service reads its token from memory, never from the API server.
     let (secrets, secret_events) = reflect(api::<Secret>(&client, ns), owned_watch());
     let (pods, pod_events) = reflect(api::<Pod>(&client, ns), owned_watch());
-    tokio::spawn(pod_events.for_each(|event| async move {
-        if let Err(e) = event {
-            tracing::debug!(target: "ballast::operator", error = %e, "pod watch");
-        }
-    }));
+    let pod_triggers = pod_events.filter(changed_pods());
     // HorizontalPodAutoscalers only for the store too: a reconcile reads whether one
     // targets its service each period (AutoscalerConflict).
     let (autoscalers, autoscaler_events) = reflect(
@@ -385,6 +386,10 @@ pub async fn run(
     .owns_stream(service_events)
     .owns_stream(pdb_events)
     .owns_stream(secret_events)
+    .watches_stream(pod_triggers, |pod: Pod| {
+        let service = pod.labels().get(crate::labels::INSTANCE)?.clone();
+        Some(ObjectRef::new(&service).within(&pod.namespace()?))
+    })
     .graceful_shutdown_on(stopped(stop_rx.clone()))
     .run(reconcile, error_policy, ctx)
     .for_each(|result| async move {
@@ -401,5 +406,105 @@ pub async fn run(
     tokio::select! {
         _ = controller => Ok(()),
         _ = lost => Err(OperatorError::LostLease),
+    }
+}
+
+/// How many pods [`changed_pods`] remembers before it forgets them all (each then triggers
+/// one reconcile more, no harm): deleted pods leave no event to forget them by.
+const REMEMBERED_PODS: usize = 50_000;
+
+/// A filter for the pod watch that passes a pod only when its [`PodView::signature`]
+/// differs from the last one seen for it (and every watch error, which the Controller
+/// logs).
+fn changed_pods() -> impl FnMut(&Result<Pod, watcher::Error>) -> futures::future::Ready<bool> {
+    type Signature = (Option<String>, bool, bool);
+    let mut seen: std::collections::HashMap<String, Signature> = Default::default();
+    move |event| {
+        let pass = match event {
+            Ok(pod) => {
+                let view = PodView::of(pod);
+                let (failure, serving, leaving) = view.signature();
+                let signature = (failure.map(str::to_string), serving, leaving);
+                if seen.len() >= REMEMBERED_PODS {
+                    seen.clear();
+                }
+                let key = pod
+                    .metadata
+                    .uid
+                    .clone()
+                    .unwrap_or_else(|| view.name.clone());
+                seen.insert(key, signature.clone()) != Some(signature)
+            }
+            Err(_) => true,
+        };
+        futures::future::ready(pass)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus,
+    };
+
+    fn pod(uid: &str, ready: &str, waiting: Option<&str>, ip: &str) -> Pod {
+        Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("pod-{uid}")),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(PodStatus {
+                pod_ip: Some(ip.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "ContainersReady".into(),
+                    status: ready.into(),
+                    ..PodCondition::default()
+                }]),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "engine".into(),
+                    state: waiting.map(|r| ContainerState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some(r.into()),
+                            message: Some("back-off".into()),
+                        }),
+                        ..ContainerState::default()
+                    }),
+                    ..ContainerStatus::default()
+                }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_pod_triggers_a_reconcile_only_when_what_the_status_shows_of_it_changes() {
+        let mut filter = changed_pods();
+        let mut pass = |p: Pod| filter(&Ok(p)).into_inner();
+        assert!(pass(pod("a", "False", None, "10.0.0.1")), "first sight");
+        assert!(!pass(pod("a", "False", None, "10.0.0.1")), "nothing new");
+        assert!(pass(pod("a", "False", Some("ErrImagePull"), "10.0.0.1")));
+        assert!(pass(pod(
+            "a",
+            "False",
+            Some("ImagePullBackOff"),
+            "10.0.0.1"
+        )));
+        assert!(!pass(pod(
+            "a",
+            "False",
+            Some("ImagePullBackOff"),
+            "10.0.0.1"
+        )));
+        assert!(
+            pass(pod("a", "True", None, "10.0.0.1")),
+            "running and ready"
+        );
+        // An IP alone (or any other field) is not what the status shows.
+        assert!(!pass(pod("a", "True", None, "10.0.0.9")));
+        assert!(pass(pod("b", "True", None, "10.0.0.2")), "another pod");
+        assert!(filter(&Err(watcher::Error::NoResourceVersion)).into_inner());
     }
 }

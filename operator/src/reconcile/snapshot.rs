@@ -194,6 +194,18 @@ impl PodView {
         }
     }
 
+    /// What of the pod the status shows at once: the kubelet's reason it cannot start
+    /// (`Degraded`), whether it serves (`Ready`, `readyReplicas`) and whether it is
+    /// leaving. A pod whose signature changes makes its service reconcile now rather than
+    /// at the next control period.
+    pub fn signature(&self) -> (Option<&str>, bool, bool) {
+        (
+            self.start_failure.as_ref().map(|f| f.reason.as_str()),
+            self.serving,
+            self.terminating,
+        )
+    }
+
     /// Serving and not leaving: scraped, and a candidate for rotation.
     pub fn ready(&self) -> bool {
         self.serving && !self.terminating && self.ip.is_some()
