@@ -3,7 +3,7 @@
 //!
 //! All `#[ignore]`d: they need an NVIDIA GPU, its driver and NVRTC. Run them with
 //! `kernels/device-check.sh` (`cargo test -p ballast-kernels --release -- --include-ignored`).
-//! They have been compiled on machines without a GPU, never run yet.
+//! They ran once, on an H200 (2026-12-04): every kernel matched its reference.
 
 use std::collections::HashMap;
 use std::sync::Arc;
