@@ -27,6 +27,9 @@ fn the_chart_passes_strict_lint() {
             "serviceAccount": {"create": false, "name": "existing"}}),
         json!({"metricsApi": {"enabled": true}}),
         json!({"metricsApi": {"enabled": true, "certManager": true, "port": 8443}}),
+        json!({"metricsApi": {"enabled": true}, "networkPolicy": {"enabled": true,
+            "monitoringNamespace": "monitoring", "engineNamespaces": ["ml", "chat"],
+            "clientPeers": [{"namespaceSelector": {"matchLabels": {"team": "web"}}}]}}),
     ] {
         let report = helm()
             .lint(chart_dir(), &values.to_string(), true)
