@@ -96,6 +96,27 @@ fn start(args: &[&str]) -> Engine {
     }
 }
 
+/// `ballast engine` with `args` must stop at start with exit code 2; its stderr.
+fn refused_at_start(args: &[&std::ffi::OsStr]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(["engine", "--port", "0", "--grpc-port", "0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_exit(&mut child, Duration::from_secs(30));
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    err
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -224,23 +245,7 @@ fn an_unusable_token_file_stops_the_engine_and_none_warns_that_the_api_is_open()
     std::fs::write(&empty, "\n \n").unwrap();
     let missing = dir.join("missing");
     for (file, says) in [(&empty, "holds no key"), (&missing, "cannot be read")] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-            .args(["engine", "--port", "0", "--grpc-port", "0"])
-            .arg("--control-token-file")
-            .arg(file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let status = wait_exit(&mut child, Duration::from_secs(30));
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
-        assert_eq!(status.code(), Some(2), "{err}");
+        let err = refused_at_start(&["--control-token-file".as_ref(), file.as_os_str()]);
         assert!(
             err.contains("control-token-file")
                 && err.contains(file.to_str().unwrap())
@@ -367,25 +372,12 @@ fn the_control_api_over_tls_trusts_its_ca_only_and_follows_a_renewed_pair() {
             "tls.crt holds no PEM certificate",
         ),
     ] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-            .args(["engine", "--port", "0", "--grpc-port", "0"])
-            .arg("--control-tls-cert")
-            .arg(&c)
-            .arg("--control-tls-key")
-            .arg(&k)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let status = wait_exit(&mut child, Duration::from_secs(30));
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
-        assert_eq!(status.code(), Some(2), "{err}");
+        let err = refused_at_start(&[
+            "--control-tls-cert".as_ref(),
+            c.as_os_str(),
+            "--control-tls-key".as_ref(),
+            k.as_os_str(),
+        ]);
         assert!(
             err.contains("control-tls-cert") && err.contains(says),
             "{err}"
