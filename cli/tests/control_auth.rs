@@ -354,13 +354,24 @@ fn the_control_api_over_tls_trusts_its_ca_only_and_follows_a_renewed_pair() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    // A pair that breaks later keeps the last good one.
+    // A pair that breaks later keeps the last good one (once the engine has read it).
     std::fs::write(&cert, "not a certificate").unwrap();
-    std::thread::sleep(Duration::from_secs(3));
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !e
+        .log
+        .lock()
+        .unwrap()
+        .contains("keeping the last good certificate")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broken file was never noticed:\n{}",
+            e.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let r = call(&mut trusting(&renewed.ca_crt, NAME), &at);
     assert_eq!(result_label(&r), "ok", "{r:?}");
-    let log = e.log.lock().unwrap().clone();
-    assert!(log.contains("keeping the last good certificate"), "{log}");
     drop(e);
 
     // At start a bad file is exit 2, naming it.
