@@ -272,6 +272,15 @@ fn isvc(name: &str, spec: &str) -> String {
     )
 }
 
+/// An `autoscaling/v2` HPA named `name` on InferenceService `service`, 1 to 3 replicas,
+/// with one Object metric of the service: `metric` against `target` (a flow mapping), and
+/// `behavior` (its YAML lines, indented four spaces).
+fn object_hpa(name: &str, service: &str, metric: &str, target: &str, behavior: &str) -> String {
+    format!(
+        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: {name}, namespace: {NS}}}\nspec:\n  scaleTargetRef: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: {service}}}\n  minReplicas: 1\n  maxReplicas: 3\n  metrics:\n  - type: Object\n    object:\n      describedObject: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: {service}}}\n      metric: {{name: {metric}}}\n      target: {target}\n  behavior:\n{behavior}\n"
+    )
+}
+
 fn selector(name: &str) -> String {
     format!("app.kubernetes.io/instance={name},app.kubernetes.io/name=ballast-engine")
 }
@@ -739,8 +748,12 @@ fn ballast_on_a_real_cluster() {
         "{model: {source: 'synthetic:tiny'}, replicas: 1, engine: {maxNumSeqs: 8, maxRunningPerTenant: 1}, autoscaling: {enabled: false, minReplicas: 1, maxReplicas: 3, targets: {capacityWaitingPerReplica: 2}, behavior: {scaleDown: {stabilizationWindowSeconds: 6}}}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
     ))
     .unwrap();
-    cp.apply(&format!(
-        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: hpa, namespace: {NS}}}\nspec:\n  scaleTargetRef: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: hpa}}\n  minReplicas: 1\n  maxReplicas: 3\n  metrics:\n  - type: Object\n    object:\n      describedObject: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: hpa}}\n      metric: {{name: capacity_waiting_per_replica}}\n      target: {{type: Value, value: \"2\"}}\n  behavior:\n    scaleUp: {{stabilizationWindowSeconds: 0}}\n    scaleDown: {{stabilizationWindowSeconds: 10, policies: [{{type: Percent, value: 100, periodSeconds: 5}}]}}\n"
+    cp.apply(&object_hpa(
+        "hpa",
+        "hpa",
+        "capacity_waiting_per_replica",
+        "{type: Value, value: \"2\"}",
+        "    scaleUp: {stabilizationWindowSeconds: 0}\n    scaleDown: {stabilizationWindowSeconds: 10, policies: [{type: Percent, value: 100, periodSeconds: 5}]}",
     ))
     .unwrap();
     w.wait_for("hpa ready", Duration::from_secs(90), || {
@@ -949,8 +962,12 @@ fn ballast_on_a_real_cluster() {
         r#"{"spec":{"autoscaling":{"enabled":false,"minReplicas":1,"maxReplicas":3}}}"#,
     ])
     .unwrap();
-    cp.apply(&format!(
-        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: follow, namespace: {NS}}}\nspec:\n  scaleTargetRef: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: hpa}}\n  minReplicas: 1\n  maxReplicas: 3\n  metrics:\n  - type: Object\n    object:\n      describedObject: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: hpa}}\n      metric: {{name: recommended_replicas}}\n      target: {{type: AverageValue, averageValue: \"1\"}}\n  behavior:\n    scaleUp: {{stabilizationWindowSeconds: 0}}\n    scaleDown: {{stabilizationWindowSeconds: 0, policies: [{{type: Percent, value: 100, periodSeconds: 5}}]}}\n"
+    cp.apply(&object_hpa(
+        "follow",
+        "hpa",
+        "recommended_replicas",
+        "{type: AverageValue, averageValue: \"1\"}",
+        "    scaleUp: {stabilizationWindowSeconds: 0}\n    scaleDown: {stabilizationWindowSeconds: 0, policies: [{type: Percent, value: 100, periodSeconds: 5}]}",
     ))
     .unwrap();
     w.wait_for(
@@ -1367,8 +1384,12 @@ fn ballast_on_a_real_cluster() {
         "{model: {source: 'synthetic:tiny'}, replicas: 2, engine: {args: [--metrics-require-key], env: [{name: BALLAST_API_KEY, value: sk-not-the-operators}]}, autoscaling: {enabled: false, minReplicas: 1, maxReplicas: 3}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}",
     ))
     .unwrap();
-    cp.apply(&format!(
-        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: blind, namespace: {NS}}}\nspec:\n  scaleTargetRef: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: blind}}\n  minReplicas: 1\n  maxReplicas: 3\n  metrics:\n  - type: Object\n    object:\n      describedObject: {{apiVersion: ballast.dev/v1alpha1, kind: InferenceService, name: blind}}\n      metric: {{name: capacity_waiting_per_replica}}\n      target: {{type: Value, value: \"2\"}}\n  behavior:\n    scaleDown: {{stabilizationWindowSeconds: 0, policies: [{{type: Percent, value: 100, periodSeconds: 5}}]}}\n"
+    cp.apply(&object_hpa(
+        "blind",
+        "blind",
+        "capacity_waiting_per_replica",
+        "{type: Value, value: \"2\"}",
+        "    scaleDown: {stabilizationWindowSeconds: 0, policies: [{type: Percent, value: 100, periodSeconds: 5}]}",
     ))
     .unwrap();
     w.wait_for("blind ready", Duration::from_secs(90), || {

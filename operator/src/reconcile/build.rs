@@ -775,24 +775,12 @@ spec:
             env_value(c, CONTROL_TOKEN_FILE_ENV),
             [Some("/var/run/ballast/control/token")]
         );
-        let mount = c
-            .volume_mounts
-            .as_ref()
-            .unwrap()
-            .iter()
-            .find(|m| m.name == "control-token")
-            .expect("the token is mounted");
+        let mount = mount(c, "control-token").expect("the token is mounted");
         assert_eq!(
             (mount.mount_path.as_str(), mount.read_only),
             (CONTROL_TOKEN_DIR, Some(true))
         );
-        let volume = pod(&d)
-            .volumes
-            .as_ref()
-            .unwrap()
-            .iter()
-            .find(|v| v.name == "control-token")
-            .unwrap();
+        let volume = volume(&d, "control-token").unwrap();
         let secret = volume.secret.as_ref().unwrap();
         assert_eq!(secret.secret_name.as_deref(), Some("chat-control-token"));
         assert_eq!(secret.default_mode, Some(0o440));
@@ -933,6 +921,14 @@ spec:
         i
     }
 
+    fn mount<'a>(c: &'a Container, name: &str) -> Option<&'a VolumeMount> {
+        c.volume_mounts.as_ref()?.iter().find(|m| m.name == name)
+    }
+
+    fn volume<'a>(d: &'a Deployment, name: &str) -> Option<&'a Volume> {
+        pod(d).volumes.as_ref()?.iter().find(|v| v.name == name)
+    }
+
     fn secret_ref<'a>(c: &'a Container, name: &str) -> Option<&'a SecretKeySelector> {
         let v = c.env.as_ref()?.iter().find(|v| v.name == name)?;
         v.value_from.as_ref()?.secret_key_ref.as_ref()
@@ -949,23 +945,12 @@ spec:
             env_value(c, API_KEY_FILE_ENV),
             [Some("/var/run/ballast/api-key/keys")]
         );
-        let mount = c
-            .volume_mounts
-            .as_ref()
-            .unwrap()
-            .iter()
-            .find(|m| m.name == "api-key")
-            .expect("the keys are mounted");
+        let mount = mount(c, "api-key").expect("the keys are mounted");
         assert_eq!(
             (mount.mount_path.as_str(), mount.read_only, &mount.sub_path),
             (API_KEY_DIR, Some(true), &None)
         );
-        let volume = pod(&d)
-            .volumes
-            .as_ref()
-            .unwrap()
-            .iter()
-            .find(|v| v.name == "api-key")
+        let volume = volume(&d, "api-key")
             .and_then(|v| v.secret.as_ref())
             .unwrap();
         assert_eq!(volume.secret_name.as_deref(), Some("llm-keys"));
@@ -1047,13 +1032,7 @@ spec:
             assert_eq!(got, want, "{model}");
 
             let c = container(&d);
-            let mount = c
-                .volume_mounts
-                .as_ref()
-                .unwrap()
-                .iter()
-                .find(|m| m.name == "models")
-                .unwrap_or_else(|| panic!("{model}: no mount"));
+            let mount = mount(c, "models").unwrap_or_else(|| panic!("{model}: no mount"));
             assert_eq!(mount.mount_path, MODEL_MOUNT_PATH);
             assert_eq!(mount.read_only, Some(true), "{model}");
             assert_eq!(env_value(c, MODEL_CACHE_ENV), [Some(MODEL_MOUNT_PATH)]);

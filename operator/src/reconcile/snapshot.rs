@@ -258,18 +258,12 @@ impl ApiKeys {
                 r.name
             ));
         };
+        // `stringData` is write-only: the API server returns everything in `data`.
         let value = secret
             .data
             .as_ref()
             .and_then(|d| d.get(&r.key))
-            .map(|v| v.0.as_slice())
-            .or_else(|| {
-                secret
-                    .string_data
-                    .as_ref()
-                    .and_then(|d| d.get(&r.key))
-                    .map(String::as_bytes)
-            });
+            .map(|v| v.0.as_slice());
         let Some(value) = value else {
             return ApiKeys::Missing(format!(
                 "spec.auth.apiKeySecretRef: Secret {ns}/{} has no key {:?}",
