@@ -35,6 +35,18 @@ const OPERATOR_NS: &str = "ballast-system";
 const NS: &str = "e2e";
 /// The image built from the Dockerfile and loaded into the node.
 const IMAGE: &str = "localhost/ballast:e2e";
+/// Step 14: the second release's namespace, the one it watches, and one it must ignore.
+const TEAM_OPS: &str = "team-ops";
+const TEAM_A: &str = "team-a";
+const TEAM_B: &str = "team-b";
+/// Step 14's release: one operator confined to `team-a`.
+const TEAM_VALUES: &str = r#"
+image: {repository: localhost/ballast, tag: e2e, pullPolicy: Never}
+operator:
+  replicas: 1
+  watchNamespace: team-a
+  leaderElection: {leaseSeconds: 6}
+"#;
 
 /// Values of the chart for this cluster: the image loaded into the node (never pulled: no
 /// registry is reachable), and a short Lease so failover is quick. The NetworkPolicies go
@@ -1714,6 +1726,131 @@ fn ballast_on_a_real_cluster() {
         operator_requests.join("\n")
     );
     // ---- end of 13 ----------------------------------------------------------------------
+
+    // 14. A second release of the same name, confined to one namespace (issue 36): Helm
+    // installs it beside the first (no cluster-scoped name in common), it gets a Role in
+    // its namespace and no cluster-wide right, reconciles there and ignores the rest. The
+    // first release's operator is scaled to nothing first, so that only the confined one acts.
+    cp.kubectl(&[
+        "scale",
+        "deployment",
+        "ballast",
+        "-n",
+        OPERATOR_NS,
+        "--replicas=0",
+    ])
+    .unwrap();
+    w.wait_for(
+        "the first release's operator pods gone",
+        Duration::from_secs(60),
+        || w.operator_pods().is_empty().then_some(()),
+    );
+    for ns in [TEAM_OPS, TEAM_A, TEAM_B] {
+        cp.kubectl(&["create", "namespace", ns]).unwrap();
+    }
+    helm.install(
+        &cp.admin_kubeconfig,
+        &chart_dir,
+        "ballast",
+        TEAM_OPS,
+        TEAM_VALUES,
+        &ballast_helm::InstallOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("helm install of a second release: {e}\n{}", w.diagnostics()));
+    let role = w.json(&["get", "role", &format!("ballast-{TEAM_OPS}"), "-n", TEAM_A]);
+    assert!(!role.is_null(), "the Role in {TEAM_A}");
+    assert!(
+        w.json(&["get", "clusterrole", &format!("ballast-{TEAM_OPS}")])
+            .is_null(),
+        "a ClusterRole for the confined release"
+    );
+    let confined_start = Instant::now();
+    let solo = "{model: {source: 'synthetic:tiny'}, replicas: 1, autoscaling: {enabled: false}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}";
+    for ns in [TEAM_A, TEAM_B] {
+        cp.apply(
+            &isvc("solo", solo).replace(&format!("namespace: {NS}"), &format!("namespace: {ns}")),
+        )
+        .unwrap();
+    }
+    let ready_in = |ns: &str| {
+        w.json(&["get", "inferenceservice", "solo", "-n", ns])["status"]["readyReplicas"].clone()
+    };
+    w.wait_for(
+        &format!("solo ready in {TEAM_A} under the confined operator"),
+        Duration::from_secs(120),
+        || (ready_in(TEAM_A) == 1).then_some(()),
+    );
+    let confined_ready = confined_start.elapsed();
+    // Three periods more: the other namespace still has nothing.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        w.json(&["get", "inferenceservice", "solo", "-n", TEAM_B])["status"].is_null()
+            && w.json(&["get", "deployment", "solo", "-n", TEAM_B])
+                .is_null(),
+        "the confined operator acted in {TEAM_B}"
+    );
+    // What its ServiceAccount may do, asked with its own token.
+    let sa = cp.service_account_kubeconfig(TEAM_OPS, "ballast").unwrap();
+    let can_i = |args: &[&str]| -> bool {
+        let mut a = vec!["auth", "can-i"];
+        a.extend(args);
+        match cp.kubectl_as(&sa, &a) {
+            Ok(out) => out.trim() == "yes",
+            Err(e) if e.trim().is_empty() => false,
+            Err(e) => panic!("kubectl auth can-i {args:?}: {e}"),
+        }
+    };
+    let asked: [(&[&str], bool); 9] = [
+        (&["create", "deployments", "-n", TEAM_A], true),
+        (&["list", "secrets", "-n", TEAM_A], true),
+        (
+            &[
+                "patch",
+                "inferenceservices.ballast.dev",
+                "--subresource=status",
+                "-n",
+                TEAM_A,
+            ],
+            true,
+        ),
+        (&["create", "deployments", "-n", TEAM_B], false),
+        (&["list", "secrets", "-n", TEAM_B], false),
+        (
+            &["list", "inferenceservices.ballast.dev", "--all-namespaces"],
+            false,
+        ),
+        (&["watch", "pods", "--all-namespaces"], false),
+        (&["list", "secrets", "--all-namespaces"], false),
+        (&["get", "leases.coordination.k8s.io", "-n", TEAM_OPS], true),
+    ];
+    for (args, want) in &asked {
+        assert_eq!(
+            can_i(args),
+            *want,
+            "kubectl auth can-i {args:?} as {TEAM_OPS}/ballast"
+        );
+    }
+    // Every right it holds outside its namespaces: only what every authenticated user
+    // has (discovery, self reviews), none on a resource of ours.
+    let listed = cp
+        .kubectl_as(&sa, &["auth", "can-i", "--list", "-n", TEAM_B])
+        .unwrap();
+    for resource in [
+        "inferenceservices",
+        "deployments",
+        "secrets",
+        "pods",
+        "services",
+    ] {
+        assert!(
+            !listed.lines().any(|l| l.starts_with(resource)),
+            "{TEAM_OPS}/ballast may touch {resource} in {TEAM_B}:\n{listed}"
+        );
+    }
+    eprintln!(
+        "watchNamespace={TEAM_A}: a second release named ballast in {TEAM_OPS} installed beside the first; solo ready in {confined_ready:?}, nothing in {TEAM_B}; auth can-i as its ServiceAccount: {} answers as expected; outside its namespaces:\n{listed}",
+        asked.len()
+    );
     eprintln!("cluster e2e wall time: {:?}", t0.elapsed());
     drop(w);
     let _ = std::fs::remove_dir_all(&dir);

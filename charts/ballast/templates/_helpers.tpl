@@ -72,7 +72,8 @@ app.kubernetes.io/component: operator
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
-{{/* Whether the cluster serves the Prometheus Operator's API. */}}
+{{/* Whether the cluster serves the Prometheus Operator's ServiceMonitors (by kind: a
+cluster may have some of its CRDs and not others). */}}
 {{- define "ballast.hasMonitoringApi" -}}
-{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor" }}true{{ end }}
 {{- end }}

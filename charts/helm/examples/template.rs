@@ -4,7 +4,7 @@
 //! ```sh
 //! cargo run -p ballast-helm --example template -- charts/ballast \
 //!     [--name ballast] [--namespace ballast-system] [-f values.yaml] \
-//!     [--api-versions monitoring.coreos.com/v1]... [--kube-version v1.28.0] [--notes]
+//!     [--api-versions monitoring.coreos.com/v1/ServiceMonitor]... [--kube-version v1.28.0] [--notes]
 //! ```
 
 use std::process::ExitCode;

@@ -16,7 +16,7 @@
 //!     "ballast",
 //!     "ballast-system",
 //!     "operator:\n  replicas: 3\n",
-//!     &RenderOptions::default().api_version("monitoring.coreos.com/v1"),
+//!     &RenderOptions::default().api_version("monitoring.coreos.com/v1/ServiceMonitor"),
 //! )?;
 //! for doc in &out.documents {
 //!     println!("# Source: {}\n{}", doc.source, doc.content);

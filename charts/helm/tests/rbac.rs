@@ -1,6 +1,6 @@
 //! The chart grants the operator exactly the API access it declares
 //! (`ballast_operator::reconcile::rbac::API_ACCESS`): nothing missing, nothing extra, each
-//! in its scope.
+//! in its scope, whether it watches every namespace or one.
 
 mod common;
 
@@ -68,31 +68,150 @@ fn declared_in(scopes: &[Scope]) -> BTreeSet<Grant> {
         .collect()
 }
 
-#[test]
-fn the_chart_grants_exactly_the_declared_access() {
-    let r = render(&options());
-    let mut granted = grants(&one(&r, "ClusterRole")["rules"], Scope::Cluster);
-    granted.extend(grants(&one(&r, "Role")["rules"], Scope::OwnNamespace));
-    let want = declared_in(&[Scope::Cluster, Scope::OwnNamespace]);
-    let missing: Vec<_> = want.difference(&granted).collect();
-    let extra: Vec<_> = granted.difference(&want).collect();
-    assert!(missing.is_empty(), "the chart does not grant {missing:?}");
+/// The (group, resource, verb) of the declared access of `scopes`.
+fn declared_verbs(scopes: &[Scope]) -> BTreeSet<(String, String, String)> {
+    declared_in(scopes)
+        .into_iter()
+        .map(|(_, g, r, v)| (g, r, v))
+        .collect()
+}
+
+/// The (group, resource, verb) that `rules` grant.
+fn granted_verbs(rules: &Json) -> BTreeSet<(String, String, String)> {
+    grants(rules, Scope::Watched)
+        .into_iter()
+        .map(|(_, g, r, v)| (g, r, v))
+        .collect()
+}
+
+/// The object of `kind` named `name` (in `namespace`, for a namespaced kind).
+fn named(r: &ballast_helm::Rendered, kind: &str, name: &str, namespace: Option<&str>) -> Json {
+    r.of_kind(kind)
+        .unwrap()
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == name && o["metadata"]["namespace"].as_str() == namespace)
+        .unwrap_or_else(|| panic!("no {kind} {name} in {namespace:?}: {:?}", kinds(r)))
+}
+
+/// What both modes share: exactly the declared access where the operator watches (a role
+/// named `ballast-ballast-system` of `kind`, in `watched` for a Role), the Lease (and with
+/// the metrics APIs its own pod's label) in its own namespace, each bound to its
+/// ServiceAccount.
+fn check_grants(r: &ballast_helm::Rendered, watched: Option<&str>, metrics_api: bool) {
+    let (kind, binding) = match watched {
+        None => ("ClusterRole", "ClusterRoleBinding"),
+        Some(_) => ("Role", "RoleBinding"),
+    };
+    let role = named(r, kind, "ballast-ballast-system", watched);
+    let missing: Vec<_> = declared_verbs(&[Scope::Watched])
+        .difference(&granted_verbs(&role["rules"]))
+        .cloned()
+        .collect();
+    let extra: Vec<_> = granted_verbs(&role["rules"])
+        .difference(&declared_verbs(&[Scope::Watched]))
+        .cloned()
+        .collect();
+    assert!(missing.is_empty(), "{kind} does not grant {missing:?}");
     assert!(
         extra.is_empty(),
-        "the chart grants more than the operator uses: {extra:?}"
+        "{kind} grants more than the operator uses: {extra:?}"
     );
+    let bound = named(r, binding, "ballast-ballast-system", watched);
+    assert_eq!(bound["roleRef"]["kind"], kind);
+    assert_eq!(bound["roleRef"]["name"], "ballast-ballast-system");
     assert_eq!(
-        one(&r, "Role")["metadata"]["namespace"],
-        "ballast-system",
-        "the Lease's namespace"
+        bound["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": "ballast", "namespace": "ballast-system"}])
     );
+
+    let own = named(r, "Role", "ballast", Some("ballast-system"));
+    let mut want = vec![Scope::OwnNamespace];
+    if metrics_api {
+        want.push(Scope::MetricsApiOwnPod);
+    }
+    assert_eq!(
+        granted_verbs(&own["rules"]),
+        declared_verbs(&want),
+        "the Role in the operator's namespace"
+    );
+}
+
+#[test]
+fn every_namespace_gets_a_cluster_role_of_exactly_the_declared_access() {
+    for metrics_api in [false, true] {
+        let r =
+            render(&options().values(serde_json::json!({"metricsApi": {"enabled": metrics_api}})));
+        check_grants(&r, None, metrics_api);
+    }
+}
+
+#[test]
+fn one_watched_namespace_gets_a_role_there_and_no_cluster_wide_right_of_its_own() {
+    for (watched, metrics_api) in [
+        ("team-a", false),
+        ("team-a", true),
+        ("ballast-system", false),
+    ] {
+        let r = render(&options().values(serde_json::json!({
+            "operator": {"watchNamespace": watched},
+            "metricsApi": {"enabled": metrics_api},
+        })));
+        check_grants(&r, Some(watched), metrics_api);
+        assert!(
+            args(&r).contains(&format!("--namespace={watched}")),
+            "{:?}",
+            args(&r)
+        );
+        // Cluster-wide: only what the metrics APIs cannot do without, each named.
+        let cluster: BTreeSet<String> = kinds(&r)
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("Cluster"))
+            .map(|(k, n)| format!("{k}/{n}"))
+            .collect();
+        let want: BTreeSet<String> = if metrics_api {
+            [
+                "ClusterRole/ballast-ballast-system-metrics-api",
+                "ClusterRoleBinding/ballast-ballast-system-metrics-api",
+                "ClusterRole/ballast-ballast-system-metrics-api-cabundle",
+                "ClusterRoleBinding/ballast-ballast-system-metrics-api-cabundle",
+            ]
+            .map(String::from)
+            .into()
+        } else {
+            BTreeSet::new()
+        };
+        assert_eq!(cluster, want, "{watched}, metrics APIs {metrics_api}");
+    }
+}
+
+/// Two releases of one name in two namespaces: no cluster-scoped name in common, so Helm
+/// can install both.
+#[test]
+fn cluster_scoped_names_carry_the_release_namespace() {
+    let cluster_names = |ns: &str| -> BTreeSet<String> {
+        let r = render(
+            &options()
+                .release("ballast", ns)
+                .values(serde_json::json!({"metricsApi": {"enabled": true}})),
+        );
+        kinds(&r)
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("Cluster"))
+            .map(|(k, n)| format!("{k}/{n}"))
+            .collect()
+    };
+    let (a, b) = (cluster_names("team-a"), cluster_names("team-b"));
+    assert_eq!(a.len(), 6, "{a:?}");
+    assert!(a.iter().all(|n| n.contains("-team-a")), "{a:?}");
+    assert!(a.is_disjoint(&b), "{a:?} and {b:?}");
 }
 
 #[test]
 fn the_rules_files_list_the_declared_access_in_order() {
     for (file, scope) in [
-        ("files/operator-rbac-rules.yaml", Scope::Cluster),
+        ("files/operator-rbac-rules.yaml", Scope::Watched),
         ("files/operator-lease-rules.yaml", Scope::OwnNamespace),
+        ("files/operator-own-pod-rules.yaml", Scope::MetricsApiOwnPod),
         ("files/operator-metrics-api-rules.yaml", Scope::MetricsApi),
     ] {
         let text = std::fs::read_to_string(chart_dir().join(file)).unwrap();

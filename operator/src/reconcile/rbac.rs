@@ -1,8 +1,13 @@
 //! Every Kubernetes API call `ballast operator` makes, as RBAC needs to grant it: the
-//! operator's declared API access. The Helm chart's ClusterRole and Role (from
-//! `charts/ballast/files/operator-rbac-rules.yaml` and `operator-lease-rules.yaml`) must
-//! grant exactly this list; `charts/helm/tests/rbac.rs` fails on anything missing or
-//! extra. Change this list in the same commit as the call that needs it.
+//! operator's declared API access. The Helm chart's roles (from
+//! `charts/ballast/files/operator-*-rules.yaml`) must grant exactly this list;
+//! `charts/helm/tests/rbac.rs` fails on anything missing or extra, in both of the chart's
+//! modes. Change this list in the same commit as the call that needs it.
+//!
+//! What is granted where follows `--namespace`: without it the operator watches every
+//! namespace and [`Scope::Watched`] is a ClusterRole; with it, a Role in that namespace,
+//! and the operator holds no cluster-wide right but those the metrics APIs cannot do
+//! without (reviews, and the `caBundle` of its own APIServices, by name).
 //!
 //! Where each verb comes from:
 //! - `run.rs`: the Controller lists and watches InferenceServices (cluster-wide, or one
@@ -39,7 +44,7 @@
 //!   `update` of that Secret in the operator's namespace, `get` and a merge `patch` of the
 //!   APIServices named by `--metrics-api-apiservices` (their `caBundle`);
 //! - `run.rs` (only with `--metrics-api-port`): a merge `patch` of the operator's own pod
-//!   (its leader label), covered by the pods grant above.
+//!   (its leader label), in its own namespace.
 //!
 //! Not listed: `cache.rs` reads the discovery document
 //! `/apis/monitoring.coreos.com/v1`, which every authenticated client may read
@@ -48,8 +53,9 @@
 /// Where a grant applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
-    /// Every namespace (a ClusterRole).
-    Cluster,
+    /// The namespaces the operator watches: every namespace (a ClusterRole), or with
+    /// `--namespace` that one (a Role there).
+    Watched,
     /// The operator's own namespace only (a Role there): its leader-election Lease.
     OwnNamespace,
     /// Cluster-wide, and only when the metrics APIs are on (the chart's
@@ -63,6 +69,9 @@ pub enum Scope {
     /// Cluster-wide but only the APIServices the operator sets the `caBundle` of
     /// (`resourceNames`), when it keeps its own certificate.
     MetricsApiCaBundle,
+    /// The operator's own namespace, when the metrics APIs are on: the patch of its own
+    /// pod's leader label (RBAC cannot name a pod whose name the ReplicaSet picks).
+    MetricsApiOwnPod,
     /// The operator's namespace, only the Secret it keeps its certificate in
     /// (`resourceNames`; `create` cannot be limited by name), when it keeps its own
     /// certificate.
@@ -82,7 +91,7 @@ pub struct ApiAccess {
     pub scope: Scope,
 }
 
-const fn cluster(
+const fn watched(
     group: &'static str,
     resource: &'static str,
     verbs: &'static [&'static str],
@@ -91,35 +100,35 @@ const fn cluster(
         group,
         resource,
         verbs,
-        scope: Scope::Cluster,
+        scope: Scope::Watched,
     }
 }
 
 /// Every API call of `ballast operator` (see the module docs for where each is made).
 pub const API_ACCESS: &[ApiAccess] = &[
-    cluster("ballast.dev", "inferenceservices", &["list", "watch"]),
-    cluster("ballast.dev", "inferenceservices/status", &["patch"]),
-    cluster(
+    watched("ballast.dev", "inferenceservices", &["list", "watch"]),
+    watched("ballast.dev", "inferenceservices/status", &["patch"]),
+    watched(
         "apps",
         "deployments",
         &["get", "list", "watch", "create", "patch"],
     ),
-    cluster("", "services", &["get", "list", "watch", "create", "patch"]),
-    cluster(
+    watched("", "services", &["get", "list", "watch", "create", "patch"]),
+    watched(
         "policy",
         "poddisruptionbudgets",
         &["get", "list", "watch", "create", "patch"],
     ),
-    cluster("", "pods", &["list", "watch", "patch"]),
-    cluster("", "pods/status", &["patch"]),
-    cluster("events.k8s.io", "events", &["create", "patch"]),
-    cluster(
+    watched("", "pods", &["list", "watch", "patch"]),
+    watched("", "pods/status", &["patch"]),
+    watched("events.k8s.io", "events", &["create", "patch"]),
+    watched(
         "autoscaling",
         "horizontalpodautoscalers",
         &["list", "watch"],
     ),
-    cluster("", "secrets", &["get", "list", "watch", "create", "update"]),
-    cluster(
+    watched("", "secrets", &["get", "list", "watch", "create", "update"]),
+    watched(
         "monitoring.coreos.com",
         "servicemonitors",
         &["get", "list", "watch", "create", "patch", "delete"],
@@ -159,6 +168,12 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "secrets",
         verbs: &["get", "create", "update"],
         scope: Scope::MetricsApiCertSecret,
+    },
+    ApiAccess {
+        group: "",
+        resource: "pods",
+        verbs: &["patch"],
+        scope: Scope::MetricsApiOwnPod,
     },
 ];
 

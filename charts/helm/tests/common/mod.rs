@@ -85,7 +85,19 @@ impl Render {
 
     /// A cluster that serves the Prometheus Operator's API.
     pub fn with_monitoring(mut self) -> Self {
+        for kind in ["", "/ServiceMonitor", "/PrometheusRule"] {
+            self.options = self.options.api_version(format!("{MONITORING}{kind}"));
+        }
+        self
+    }
+
+    /// A cluster that serves these kinds of the Prometheus Operator's API only (Helm's
+    /// `group/version/Kind` capabilities).
+    pub fn with_monitoring_kinds(mut self, kinds: &[&str]) -> Self {
         self.options = self.options.api_version(MONITORING);
+        for kind in kinds {
+            self.options = self.options.api_version(format!("{MONITORING}/{kind}"));
+        }
         self
     }
 
