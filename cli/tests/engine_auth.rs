@@ -204,7 +204,7 @@ fn the_engine_refuses_to_start_without_usable_keys() {
 #[test]
 fn a_huge_header_gets_431_and_a_slow_loris_flood_does_not_lock_out_a_client() {
     // The test holds a thousand sockets; raise its own soft limit as the engine does.
-    ballast_engine::server::conn::raise_open_files_limit();
+    ballast_serve::raise_open_files_limit();
     let e = spawn_engine(
         &["--max-connections", "200", "--http-header-timeout", "30"],
         Log::Inherit,

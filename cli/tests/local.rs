@@ -511,6 +511,96 @@ fn the_router_body_limit_is_the_engines() {
     assert!(over.contains("\"body_too_large\""), "{over}");
 }
 
+/// `ballast local`'s servers run the engine's accept loop: a request head over the limit
+/// gets 431 from the router, and on the admin port a flood of slow-loris connections (each
+/// sends half a request head, then nothing) is cut to the cap at once, locks out no
+/// normal client, and what is left of it is closed by the header timeout.
+#[test]
+fn the_admin_port_and_the_router_have_the_engines_connection_limits() {
+    // The test holds hundreds of sockets; raise its own soft limit as the servers do.
+    ballast_serve::raise_open_files_limit();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let local = start(FLEET);
+    let raw = |base: &str, head: &str| -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(base.strip_prefix("http://").unwrap()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let big = "x".repeat(64 << 10);
+    let answer = raw(
+        &local.router,
+        &format!("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+
+    let cap = ballast_operator::ADMIN_HTTP_LIMITS.max_connections;
+    let flood = cap + 300;
+    let addr = local.admin.strip_prefix("http://").unwrap().to_string();
+    let started = Instant::now();
+    let mut loris = Vec::new();
+    for _ in 0..flood {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+        loris.push(s);
+    }
+    for _ in 0..5 {
+        let t = Instant::now();
+        let answer = raw(
+            &local.admin,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "served in {:?} behind {flood} slow clients",
+            t.elapsed()
+        );
+    }
+    let closed = |loris: &mut [std::net::TcpStream]| {
+        use std::io::Read;
+        loris
+            .iter_mut()
+            .filter(|s| {
+                s.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
+                let mut buf = [0u8; 1];
+                // EOF or a reset: closed. A timeout: still open, waiting.
+                match (&**s).read(&mut buf) {
+                    Ok(0) => true,
+                    Err(e) => !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ),
+                    _ => false,
+                }
+            })
+            .count()
+    };
+    let at_once = closed(&mut loris);
+    assert!(
+        at_once >= flood - cap,
+        "{at_once} of {flood} slow connections closed; the cap is {cap}"
+    );
+    // The rest wait at most the header timeout (and the timer's rounding).
+    let header = ballast_operator::ADMIN_HTTP_LIMITS.header_timeout;
+    let deadline = started + header + Duration::from_secs(3);
+    let mut all = at_once;
+    while all < flood && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        all = closed(&mut loris).max(all);
+    }
+    assert_eq!(
+        all,
+        flood,
+        "slow connections still open {:?} after the first, header timeout {header:?}",
+        started.elapsed()
+    );
+}
+
 /// A replica made hot by long-context load sent to it directly leaves the router's
 /// rotation while the fleet has headroom, never below minAccepting, and returns once it
 /// cools; each step is a decision that says so.

@@ -601,30 +601,9 @@ impl ApiKeys {
     }
 }
 
-/// Limits of the HTTP server (docs/security.md says why each default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HttpLimits {
-    /// `--max-connections` as given (the server lowers it to what the open-files limit
-    /// allows).
-    pub max_connections: usize,
-    /// `--http-header-timeout`.
-    pub header_timeout: Duration,
-    /// `--http-body-timeout`.
-    pub body_timeout: Duration,
-    /// `--http-idle-timeout`.
-    pub idle_timeout: Duration,
-}
-
-impl Default for HttpLimits {
-    fn default() -> Self {
-        HttpLimits {
-            max_connections: 4096,
-            header_timeout: Duration::from_secs(10),
-            body_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(120),
-        }
-    }
-}
+/// Limits of the HTTP server (docs/security.md says why each default): the accept loop's
+/// own, which every Ballast server shares.
+pub use ballast_serve::HttpLimits;
 
 /// Default KV memory per rank when `--num-kv-blocks` is not given.
 const DEFAULT_KV_BYTES: usize = 256 << 20;

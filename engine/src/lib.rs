@@ -64,7 +64,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let config = EngineConfig::from_args(&args)?;
     // Before anything opens files: the connection cap is sized from this limit.
-    server::conn::raise_open_files_limit();
+    ballast_serve::raise_open_files_limit();
     let addr = std::net::SocketAddr::new(config.host, config.port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await

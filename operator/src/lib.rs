@@ -19,3 +19,13 @@ pub mod reconcile;
 pub mod scrape;
 pub mod signals;
 pub mod status;
+
+/// Limits of the operator's own small HTTP servers (`ballast operator`'s metrics and health
+/// port, `ballast local`'s admin port), which answer GETs of scrapers, probes and a
+/// browser: few connections, short waits.
+pub const ADMIN_HTTP_LIMITS: ballast_serve::HttpLimits = ballast_serve::HttpLimits {
+    max_connections: 256,
+    header_timeout: std::time::Duration::from_secs(10),
+    body_timeout: std::time::Duration::from_secs(10),
+    idle_timeout: std::time::Duration::from_secs(60),
+};

@@ -3,7 +3,6 @@
 //! the SIGTERM shutdown (delay, then drain).
 
 pub mod auth;
-pub mod conn;
 pub mod error;
 mod generate;
 mod http_metrics;
@@ -18,8 +17,7 @@ use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures::StreamExt;
-use http_body::Body as _;
+use ballast_serve::{BodyError, Connections};
 use serde_json::json;
 
 pub use error::ApiError;
@@ -109,7 +107,7 @@ pub async fn serve(
     // One accept loop serves every phase: at the drain the connections open then are
     // closed (idle ones at once), while later ones are still accepted and answered (503,
     // `Connection: close`) rather than refused.
-    let connections = conn::Connections::start(listener, app, &cfg.http);
+    let connections = Connections::start(listener, app, &cfg.http);
     tracing::info!(
         max_connections = connections.cap(),
         header_timeout_s = cfg.http.header_timeout.as_secs_f64(),
@@ -208,25 +206,13 @@ async fn chat_completions(
 /// declared length is over), within `timeout` of the handler's start (408 after it, so a
 /// client trickling its body cannot hold a connection and a task for ever).
 async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
-    if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
-        return Err(ApiError::too_large(MAX_BODY_BYTES));
-    }
-    let collect = async {
-        let mut frames = body.into_data_stream();
-        let mut whole: Vec<u8> = Vec::new();
-        while let Some(chunk) = frames.next().await {
-            let chunk = chunk
-                .map_err(|e| ApiError::malformed(format!("cannot read the request body: {e}")))?;
-            if whole.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(ApiError::too_large(MAX_BODY_BYTES));
-            }
-            whole.extend_from_slice(&chunk);
-        }
-        Ok(Bytes::from(whole))
-    };
-    tokio::time::timeout(timeout, collect)
+    ballast_serve::read_body(body, MAX_BODY_BYTES, timeout)
         .await
-        .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout)))
+        .map_err(|e| match e {
+            BodyError::TooLarge(max) => ApiError::too_large(max),
+            BodyError::Timeout(d) => ApiError::body_timeout(d),
+            BodyError::Read(_) => ApiError::malformed(e.to_string()),
+        })
 }
 
 async fn respond(engine: &Engine, headers: &HeaderMap, body: Body, endpoint: Endpoint) -> Response {

@@ -226,6 +226,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), LocalError> {
     let services = load(&args.file)?;
+    // As an engine does: the router's clients and the replicas' connections need
+    // descriptors.
+    ballast_serve::raise_open_files_limit();
     let engine_bin = match &args.engine_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe()?,
@@ -305,19 +308,19 @@ pub async fn run(
         .map(|isvc| Supervisor::new(isvc, &launch, outputs.clone()))
         .collect();
     let app = router::router(routes, router::HOLD_LIMIT)?;
-    tokio::spawn(async move { axum::serve(router_listener, app).await });
-    tokio::spawn(async move {
-        axum::serve(
-            admin_listener,
-            admin::router(admin::AdminState {
-                metrics,
-                status,
-                replicas,
-                timeline,
-            }),
-        )
-        .await
-    });
+    // Both with the engine's accept loop: a connection cap, header and idle timeouts. Held
+    // until the run ends (dropping one closes its port).
+    let _router = ballast_serve::Connections::start(router_listener, app, &router::LIMITS);
+    let _admin = ballast_serve::Connections::start(
+        admin_listener,
+        admin::router(admin::AdminState {
+            metrics,
+            status,
+            replicas,
+            timeline,
+        }),
+        &crate::ADMIN_HTTP_LIMITS,
+    );
     // Printed (not logged) so scripts and tests can read the ports; from here on both
     // answer.
     println!("ballast local router listening on http://{router_addr}");

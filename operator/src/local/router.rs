@@ -25,17 +25,26 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use ballast_serve::BodyError;
 use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::watch;
 
 /// How long a request may wait for a service's first ready replica.
 pub const HOLD_LIMIT: Duration = Duration::from_secs(60);
+
+/// The router's connection limits: an engine's defaults, since it is the front door
+/// clients call as they would call an engine.
+pub const LIMITS: ballast_serve::HttpLimits = ballast_serve::HttpLimits {
+    max_connections: 4096,
+    header_timeout: Duration::from_secs(10),
+    body_timeout: Duration::from_secs(60),
+    idle_timeout: Duration::from_secs(120),
+};
 
 /// Largest request body the router accepts: the engine's own limit
 /// (`ballast_engine::server::MAX_BODY_BYTES`, held equal by a test), so the router never
@@ -153,7 +162,6 @@ pub fn router(table: Arc<RouteTable>, hold: Duration) -> Result<Router, RouterEr
             "/health",
             get(|| async { axum::Json(json!({"status": "ok"})) }),
         )
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(AppState {
             table,
             client,
@@ -174,16 +182,12 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
 async fn forward_completions(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     forward(s, headers, body, "/v1/completions").await
 }
 
-async fn forward_chat(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn forward_chat(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     forward(s, headers, body, "/v1/chat/completions").await
 }
 
@@ -250,22 +254,26 @@ enum Attempt {
     Failed(String),
 }
 
-async fn forward(
-    s: AppState,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-    path: &str,
-) -> Response {
-    let body = match body {
+async fn forward(s: AppState, headers: HeaderMap, body: Body, path: &str) -> Response {
+    // Read whole within a size and a time, as an engine reads it: a client trickling its
+    // body holds no task for ever.
+    let body = match ballast_serve::read_body(body, MAX_BODY_BYTES, LIMITS.body_timeout).await {
         Ok(b) => b,
-        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+        Err(e @ BodyError::TooLarge(_)) => {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
-                format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+                e.to_string(),
             );
         }
-        Err(e) => return error(e.status(), "invalid_json", e.body_text()),
+        Err(e @ BodyError::Timeout(_)) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                e.to_string(),
+            );
+        }
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()),
     };
     let model = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()

@@ -226,6 +226,8 @@ pub async fn run(
     let client = Client::try_default().await.map_err(OperatorError::Config)?;
     let metrics = Arc::new(OperatorMetrics::new());
     let role = Arc::new(AtomicU8::new(STARTING));
+    // As an engine does: connections and watches need descriptors.
+    ballast_serve::raise_open_files_limit();
     let addr = std::net::SocketAddr::new(args.metrics_host, args.metrics_port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -241,7 +243,9 @@ pub async fn run(
         metrics: Arc::clone(&metrics),
         role: Arc::clone(&role),
     });
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    // The engine's accept loop: a connection cap, header and idle timeouts. Held until
+    // `run` returns (dropping it closes the port).
+    let _admin = ballast_serve::Connections::start(listener, app, &crate::ADMIN_HTTP_LIMITS);
 
     // The metrics APIs answer from the first request on (health, discovery); values only
     // while this replica leads, and a leader labels its own pod so that the Service in

@@ -1,6 +1,6 @@
-//! The HTTP server's connections: an accept loop over hyper-util's HTTP/1 + HTTP/2
-//! builder, with what `axum::serve` has no knobs for: a cap on open connections, and
-//! header, idle and (with the handlers, see `read_body`) body timeouts.
+//! The connections: an accept loop over hyper-util's HTTP/1 + HTTP/2 builder, with what
+//! `axum::serve` has no knobs for: a cap on open connections, and header and idle
+//! timeouts (the body's limits are the handlers', with [`crate::read_body`]).
 //!
 //! The timeouts are kept here, per connection, rather than by hyper: hyper 1.x's
 //! `header_read_timeout` also starts at the end of each response, so it would bound the
@@ -14,10 +14,10 @@
 //!   and once a byte of the next HTTP/1 request head arrives it has the header timeout
 //!   from that byte (HTTP/2 connections, whose pings and window updates are no request,
 //!   get the idle timeout only);
-//! - a request in flight is never timed out here: its body has `--http-body-timeout`
-//!   (the handlers), its response takes what it takes.
+//! - a request in flight is never timed out here: its body has the body timeout (the
+//!   handlers, [`crate::read_body`]), its response takes what it takes.
 //!
-//! The cap: at `--max-connections`, a new connection makes room by closing the open one
+//! The cap: at [`HttpLimits::max_connections`], a new connection makes room by closing the open one
 //! that has waited longest without a request that has been fully received (idle, or
 //! still sending its head or body). A connection whose request is being answered is
 //! never closed for room; when every connection is answering one, the new connection is
@@ -49,78 +49,14 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
-use crate::config::HttpLimits;
+use crate::HttpLimits;
+use crate::files::{effective_cap, open_files_limit};
 
 /// Largest request head (request line and headers; HTTP/1 answers 431 beyond it, as
 /// hyper does when its read buffer is full). Real heads are well under 8 KiB; 32 KiB
 /// leaves room for large bearer tokens and tracing headers while bounding what a
 /// slow-loris connection can make the server hold.
 pub const MAX_HEAD_BYTES: usize = 32 << 10;
-
-/// File descriptors kept free of connections when the cap is derived from the open-files
-/// limit: the model and tokenizer files, the control API and its clients, the trace
-/// exporter, the runtime's own, and connections being closed to make room.
-pub const FD_RESERVE: u64 = 128;
-
-/// The connection cap in effect: `requested`, lowered to the open-files limit minus
-/// [`FD_RESERVE`] (at least 1) when that is smaller, since accepting past the limit fails
-/// and an engine out of descriptors cannot open anything else either.
-pub fn effective_cap(requested: usize, open_files_limit: Option<u64>) -> usize {
-    match open_files_limit {
-        Some(limit) => {
-            let room = limit.saturating_sub(FD_RESERVE).max(1);
-            requested.min(usize::try_from(room).unwrap_or(usize::MAX))
-        }
-        None => requested,
-    }
-}
-
-/// The soft open-files limit of this process, if it has one.
-pub fn open_files_limit() -> Option<u64> {
-    #[cfg(unix)]
-    {
-        let mut rl = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit only writes the struct it is given.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0
-            && rl.rlim_cur != libc::RLIM_INFINITY
-        {
-            return Some(rl.rlim_cur);
-        }
-        None
-    }
-    #[cfg(not(unix))]
-    {
-        None
-    }
-}
-
-/// Raises the soft open-files limit to the hard limit, as Go's runtime does at start: the
-/// soft limit is often 1024 while the hard one allows far more, and an unprivileged
-/// process may raise its own soft limit that far. Returns the soft limit afterwards.
-pub fn raise_open_files_limit() -> Option<u64> {
-    #[cfg(unix)]
-    {
-        let mut rl = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit/setrlimit only read and write the struct they are given.
-        unsafe {
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
-                let raised = libc::rlimit {
-                    rlim_cur: rl.rlim_max,
-                    rlim_max: rl.rlim_max,
-                };
-                // Refused on some systems (macOS beyond OPEN_MAX): the old limit stays.
-                let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &raised);
-            }
-        }
-    }
-    open_files_limit()
-}
 
 /// What one connection's timers and the cap look at: written by the connection's own
 /// task (bytes read) and by its requests (which, on HTTP/2, run in tasks of their own).
@@ -347,7 +283,7 @@ impl Connections {
                 max_connections = limits.max_connections,
                 lowered_to = cap,
                 open_files_limit = open_files_limit(),
-                "--max-connections lowered to what the open-files limit allows (ulimit -n)"
+                "the connection cap lowered to what the open-files limit allows (ulimit -n)"
             );
         }
         let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -862,14 +798,5 @@ mod tests {
         conns[&3].active.store(2, Ordering::Release);
         conns[&1].active.store(1, Ordering::Release);
         assert!(choose_victim(conns.iter()).is_none(), "every one answering");
-    }
-
-    #[test]
-    fn the_cap_leaves_room_under_the_open_files_limit() {
-        assert_eq!(effective_cap(4096, None), 4096);
-        assert_eq!(effective_cap(4096, Some(1 << 20)), 4096);
-        assert_eq!(effective_cap(4096, Some(1024)), 1024 - FD_RESERVE as usize);
-        assert_eq!(effective_cap(100, Some(1024)), 100);
-        assert_eq!(effective_cap(4096, Some(10)), 1, "never zero");
     }
 }
