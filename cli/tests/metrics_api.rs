@@ -396,6 +396,63 @@ fn the_metrics_apis_through_the_aggregation_layer() {
     assert_eq!(code, 404, "granted, and absent: {body}");
     // The operator's own health, unauthenticated.
     assert_eq!(curl(&format!("{direct}/readyz"), &[]).0, 200);
+
+    // The accept loop every Ballast server runs, with the TLS handshake as its first step:
+    // a flood of connections that never finish a handshake is cut to the cap at once, locks
+    // out no client, and what is left of it is closed by the header timeout.
+    ballast_serve::raise_open_files_limit();
+    let cap = ballast_operator::metrics_api::server::LIMITS.max_connections;
+    let flood = cap + 100;
+    let addr = direct.strip_prefix("https://").unwrap().to_string();
+    let started = Instant::now();
+    let mut silent: Vec<std::net::TcpStream> = (0..flood)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    for _ in 0..3 {
+        let t = Instant::now();
+        assert_eq!(curl(&format!("{direct}/healthz"), &[]).0, 200);
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "served in {:?} behind {flood} silent connections",
+            t.elapsed()
+        );
+    }
+    let closed = |conns: &mut [std::net::TcpStream]| {
+        use std::io::Read;
+        conns
+            .iter_mut()
+            .filter(|s| {
+                s.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
+                let mut buf = [0u8; 1];
+                match (&**s).read(&mut buf) {
+                    Ok(0) => true,
+                    Err(e) => !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ),
+                    _ => false,
+                }
+            })
+            .count()
+    };
+    let at_once = closed(&mut silent);
+    assert!(
+        at_once >= flood - cap,
+        "{at_once} of {flood} closed; cap {cap}"
+    );
+    let header = ballast_operator::metrics_api::server::LIMITS.header_timeout;
+    let mut all = at_once;
+    while all < flood && started.elapsed() < header + Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(250));
+        all = closed(&mut silent).max(all);
+    }
+    assert_eq!(
+        all,
+        flood,
+        "handshakes still waiting after {:?}",
+        started.elapsed()
+    );
+    drop(silent);
     drop(cp);
     drop(network);
     let _ = std::fs::remove_dir_all(&dir);

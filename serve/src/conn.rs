@@ -277,6 +277,16 @@ pub struct Connections {
 impl Connections {
     /// Starts accepting on `listener`, serving `app` on every connection.
     pub fn start(listener: TcpListener, app: Router, limits: &HttpLimits) -> Connections {
+        Connections::start_with(listener, Plain(app), limits)
+    }
+
+    /// Starts accepting on `listener`, each connection first going through `accept` (a
+    /// TLS handshake, say), which also picks the router that serves it.
+    pub fn start_with<A: Accept>(
+        listener: TcpListener,
+        accept: A,
+        limits: &HttpLimits,
+    ) -> Connections {
         let cap = effective_cap(limits.max_connections, open_files_limit());
         if cap < limits.max_connections {
             tracing::warn!(
@@ -304,7 +314,12 @@ impl Connections {
             builder,
         });
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), app, stopped));
+        let task = tokio::spawn(accept_loop(
+            listener,
+            Arc::clone(&shared),
+            Arc::new(accept),
+            stopped,
+        ));
         Connections {
             shared,
             stop: Some(stop),
@@ -339,10 +354,10 @@ impl Connections {
     }
 }
 
-async fn accept_loop(
+async fn accept_loop<A: Accept>(
     listener: TcpListener,
     shared: Arc<Shared>,
-    app: Router,
+    accept: Arc<A>,
     mut stop: oneshot::Receiver<Duration>,
 ) -> bool {
     let mut tasks = JoinSet::new();
@@ -358,7 +373,7 @@ async fn accept_loop(
                     let _ = tcp.set_nodelay(true);
                     match shared.admit() {
                         Some((id, conn)) => {
-                            tasks.spawn(serve_connection(Arc::clone(&shared), id, conn, tcp, app.clone()));
+                            tasks.spawn(serve_connection(Arc::clone(&shared), id, conn, tcp, Arc::clone(&accept)));
                         }
                         None => refused.note(shared.limits.cap),
                     }
@@ -438,19 +453,45 @@ impl Drop for Registered {
     }
 }
 
-async fn serve_connection(
+async fn serve_connection<A: Accept>(
     shared: Arc<Shared>,
     id: u64,
     conn: Arc<ConnState>,
     tcp: TcpStream,
-    app: Router,
+    accept: Arc<A>,
 ) {
     let _registered = Registered {
         shared: Arc::clone(&shared),
         id,
     };
+    // The accept step (a TLS handshake) counts against the header timeout of the
+    // connection's start, and ends early when the connection is closed for room or the
+    // server stops.
+    let closed = std::future::poll_fn(|cx| {
+        conn.waker.register(cx.waker());
+        if conn.flags.load(Ordering::Acquire) & (EVICT | GRACEFUL) != 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    });
+    let header = Duration::from_micros(shared.limits.header_us);
+    let (stream, app) = tokio::select! {
+        accepted = tokio::time::timeout(header, accept.accept(tcp)) => match accepted {
+            Ok(Ok(accepted)) => accepted,
+            Ok(Err(e)) => {
+                tracing::debug!(connection = id, error = %e, "connection refused by its accept step");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(connection = id, "accept step timed out");
+                return;
+            }
+        },
+        () = closed => return,
+    };
     let io = TokioIo::new(CountingIo {
-        tcp,
+        tcp: stream,
         conn: Arc::clone(&conn),
         shared: Arc::clone(&shared),
     });
@@ -511,14 +552,41 @@ async fn serve_connection(
     }
 }
 
-/// The TCP stream, noting when bytes arrive.
-struct CountingIo {
-    tcp: TcpStream,
+/// What [`Connections::start_with`] does with each new connection before HTTP: a TLS
+/// handshake, say. It returns the stream HTTP runs on and the router that serves this
+/// connection (which may depend on what the handshake learnt, such as a client
+/// certificate). It runs within the header timeout of the connection's start.
+pub trait Accept: Send + Sync + 'static {
+    /// The stream HTTP runs on.
+    type Io: AsyncRead + AsyncWrite + Send + Unpin + 'static;
+
+    /// Turns an accepted TCP connection into a stream and its router; an error closes it.
+    fn accept(&self, tcp: TcpStream) -> BoxFuture<io::Result<(Self::Io, Router)>>;
+}
+
+/// A future an [`Accept`] returns.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Plain TCP, one router for all.
+struct Plain(Router);
+
+impl Accept for Plain {
+    type Io = TcpStream;
+
+    fn accept(&self, tcp: TcpStream) -> BoxFuture<io::Result<(TcpStream, Router)>> {
+        let app = self.0.clone();
+        Box::pin(async move { Ok((tcp, app)) })
+    }
+}
+
+/// The stream, noting when bytes arrive.
+struct CountingIo<T> {
+    tcp: T,
     conn: Arc<ConnState>,
     shared: Arc<Shared>,
 }
 
-impl AsyncRead for CountingIo {
+impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -534,7 +602,7 @@ impl AsyncRead for CountingIo {
     }
 }
 
-impl AsyncWrite for CountingIo {
+impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -14,7 +14,7 @@ mod files;
 use std::time::Duration;
 
 pub use body::{BodyError, read_body};
-pub use conn::{Connections, MAX_HEAD_BYTES};
+pub use conn::{Accept, BoxFuture, Connections, MAX_HEAD_BYTES};
 pub use files::{FD_RESERVE, effective_cap, open_files_limit, raise_open_files_limit};
 
 /// A server's limits (docs/security.md says why each default).

@@ -8,16 +8,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::body::Body;
+use ballast_serve::{Accept, BoxFuture, Connections, HttpLimits};
 use clap::Args;
 use futures::StreamExt;
 use http::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
 
 use super::api::{self, ApiRequest, Failure};
 use super::auth::{AUTH_CONFIGMAP, AuthConfig, Guard, Refusal};
@@ -135,12 +135,15 @@ pub enum StartError {
     },
 }
 
-/// At most this many connections at once; more wait in the kernel's backlog.
-const MAX_CONNECTIONS: usize = 512;
-/// A TLS handshake must finish within this.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Request headers must arrive within this.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server's limits, on the accept loop every Ballast server runs: the TLS handshake
+/// and the first request head within the header timeout; the aggregator keeps a few
+/// connections open and sends no bodies.
+pub const LIMITS: HttpLimits = HttpLimits {
+    max_connections: 512,
+    header_timeout: Duration::from_secs(10),
+    body_timeout: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(120),
+};
 /// How often the certificate files are checked for a change.
 const RELOAD_EVERY: Duration = Duration::from_secs(10);
 
@@ -197,7 +200,8 @@ pub fn serving_cert(args: &MetricsApiArgs) -> Result<Arc<ServingCert>, StartErro
 }
 
 /// Starts the metrics APIs on `args`' address with `cert` ([`serving_cert`]), answering
-/// from `board` while `leading`, and returns the bound address. Reviews go to the API
+/// from `board` while `leading`, and returns the bound address and the server (dropping
+/// it closes the port). Reviews go to the API
 /// server through `client`, which also watches `kube-system/extension-apiserver-authentication`.
 pub async fn start(
     args: &MetricsApiArgs,
@@ -206,7 +210,7 @@ pub async fn start(
     board: Arc<Board>,
     leading: Arc<AtomicBool>,
     client: Client,
-) -> Result<SocketAddr, StartError> {
+) -> Result<(SocketAddr, Connections), StartError> {
     let addr = SocketAddr::new(args.metrics_api_host, port);
     let listener = TcpListener::bind(addr)
         .await
@@ -224,9 +228,9 @@ pub async fn start(
         cert,
     });
     tokio::spawn(watch_auth_config(client, Arc::clone(&shared)));
-    tokio::spawn(accept_loop(listener, shared));
+    let connections = Connections::start_with(listener, TlsAccept(shared), &LIMITS);
     println!("ballast operator metrics APIs listening on https://{bound}");
-    Ok(bound)
+    Ok((bound, connections))
 }
 
 /// The names a self-signed certificate carries.
@@ -272,50 +276,27 @@ async fn watch_auth_config(client: Client, shared: Arc<Shared>) {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        let (tcp, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(target: "ballast::metrics_api", error = %e, "accept");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            let _permit = permit;
+/// Each connection's TLS handshake, and the router that answers it as the peer its
+/// certificate (if any) makes it.
+struct TlsAccept(Arc<Shared>);
+
+impl Accept for TlsAccept {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+
+    fn accept(&self, tcp: TcpStream) -> BoxFuture<std::io::Result<(Self::Io, Router)>> {
+        let shared = Arc::clone(&self.0);
+        Box::pin(async move {
             let tls = shared.tls();
-            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.server));
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(target: "ballast::metrics_api", %peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
+            let stream = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.server))
+                .accept(tcp)
+                .await?;
             let cert = Arc::new(tls.classify(stream.get_ref().1.peer_certificates()));
-            let service = hyper::service::service_fn(move |req| {
+            let app = Router::new().fallback(move |req: axum::extract::Request| {
                 let (shared, cert) = (Arc::clone(&shared), Arc::clone(&cert));
-                async move { Ok::<_, std::convert::Infallible>(handle(&shared, &cert, req).await) }
+                async move { handle(&shared, &cert, req).await }
             });
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
-            if let Err(e) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(target: "ballast::metrics_api", %peer, error = %e, "connection");
-            }
-        });
+            Ok((stream, app))
+        })
     }
 }
 

@@ -258,6 +258,8 @@ pub async fn run(
         }
         _ => None,
     };
+    // Held until `run` returns: dropping the server closes its port.
+    let mut _metrics_api = None;
     if let (Some(port), Some(cert)) = (args.metrics_api.metrics_api_port, serving_cert) {
         if let Some(pod) = &pod {
             pod.set(false).await;
@@ -268,15 +270,17 @@ pub async fn run(
         {
             crate::metrics_api::certs::keep(client.clone(), settings, Arc::clone(&cert));
         }
-        server::start(
-            &args.metrics_api,
-            port,
-            cert,
-            Arc::clone(&board),
-            Arc::clone(&leading),
-            client.clone(),
-        )
-        .await?;
+        _metrics_api = Some(
+            server::start(
+                &args.metrics_api,
+                port,
+                cert,
+                Arc::clone(&board),
+                Arc::clone(&leading),
+                client.clone(),
+            )
+            .await?,
+        );
     }
 
     let identity = args.identity.clone().unwrap_or_else(default_identity);
