@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use ballast_helm::{Error, Helm};
@@ -31,9 +30,24 @@ impl Drop for Dir {
     }
 }
 
+/// An executable script at `path`, written by a child process, not by this one: a file this process holds open for writing
+/// is inherited by any child another test thread forks meanwhile, until that child execs,
+/// and executing the script then fails with ETXTBSY ("Text file busy").
 fn script(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    use std::io::Write;
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh"])
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "writing {}", path.display());
 }
 
 /// A base Python whose `-m venv DIR` logs `venv` to `log` and makes DIR/bin/python; that
