@@ -1,5 +1,7 @@
 //! Compiles the engine control API's client from the engine's .proto (the operator talks to
-//! engines over the network only, so it shares the wire contract, not the engine crate).
+//! engines over the network only, so it shares the wire contract, not the engine crate),
+//! and KEDA's external-scaler service (`proto/keda/`, vendored), whose server the operator
+//! runs with `--keda-port` and whose client its tests call it with.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "../engine/proto/ballast/control/v1/control.proto";
@@ -7,6 +9,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile([proto], ["../engine/proto"])?;
     tonic_prost_build::configure()
         .build_server(false)
+        .build_client(true)
+        .compile_fds(fds)?;
+
+    let keda = "proto/keda/externalscaler.proto";
+    println!("cargo:rerun-if-changed={keda}");
+    let fds = protox::compile([keda], ["proto/keda"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;
     Ok(())

@@ -47,7 +47,11 @@ fn script(path: &Path, text: &str) {
         .unwrap()
         .write_all(text.as_bytes())
         .unwrap();
-    assert!(child.wait().unwrap().success(), "writing {}", path.display());
+    assert!(
+        child.wait().unwrap().success(),
+        "writing {}",
+        path.display()
+    );
 }
 
 /// A base Python whose `-m venv DIR` logs `venv` to `log` and makes DIR/bin/python; that

@@ -613,6 +613,7 @@ mod tests {
                 },
             ],
             pod_labels: crate::labels::labels("chat"),
+            in_flight: Some(4.0),
         };
         let now = r.published;
         b.publish("prod", "chat", r);

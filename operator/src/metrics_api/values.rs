@@ -103,6 +103,9 @@ pub struct Record {
     pub pods: Vec<PodValues>,
     /// The labels of the service's engine pods, for `labelSelector`s of Pods metrics.
     pub pod_labels: BTreeMap<String, String>,
+    /// Requests running or waiting (for capacity or behind a tenant cap) over the replicas
+    /// that reported; `None` when none did. KEDA's `IsActive` reads it.
+    pub in_flight: Option<f64>,
 }
 
 impl Record {
@@ -179,6 +182,14 @@ impl Record {
                 }
             })
             .collect();
+        let in_flight = (reporting > 0).then(|| {
+            fleet
+                .replicas
+                .iter()
+                .map(|r| r.running + r.capacity_waiting + r.deferred_waiting)
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .sum()
+        });
         Record {
             scraped_at,
             published: Instant::now(),
@@ -186,6 +197,7 @@ impl Record {
             values,
             pods,
             pod_labels,
+            in_flight,
         }
     }
 
@@ -313,6 +325,8 @@ mod tests {
         assert_eq!(v(Metric::RecommendedReplicas), Some(3.0));
         assert_eq!(r.pods[1].values[&Metric::KvCacheUsage], 0.9);
         assert_eq!(r.pods[0].values[&Metric::CapacityWaiting], 3.0);
+        // Running (1 each) and waiting (3 and 1) over both replicas.
+        assert_eq!(r.in_flight, Some(6.0));
     }
 
     #[test]
@@ -350,6 +364,7 @@ mod tests {
         };
         let r = record(&none, &signals());
         assert!(r.values.is_empty(), "{:?}", r.values);
+        assert_eq!(r.in_flight, None, "no replica: unknown, not idle");
     }
 
     #[test]

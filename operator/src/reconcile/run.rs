@@ -64,7 +64,7 @@ impl LeaderLabel {
             )
             .await
         {
-            tracing::warn!(target: "ballast::operator", pod = %self.name, error = %e, "cannot label this operator pod for the metrics APIs");
+            tracing::warn!(target: "ballast::operator", pod = %self.name, error = %e, "cannot label this operator pod as the leader (metrics APIs, KEDA scaler)");
         }
     }
 }
@@ -137,6 +137,20 @@ pub struct OperatorArgs {
     /// The metrics APIs for HPA and KEDA.
     #[command(flatten)]
     pub metrics_api: MetricsApiArgs,
+
+    /// Serve KEDA's external-scaler gRPC protocol on this port (plain HTTP/2; the leader
+    /// answers) [default: off].
+    #[arg(long, env = "BALLAST_KEDA_PORT", value_name = "PORT")]
+    pub keda_port: Option<u16>,
+
+    /// Address the external scaler binds to.
+    #[arg(
+        long,
+        env = "BALLAST_KEDA_HOST",
+        value_name = "HOST",
+        default_value = "0.0.0.0"
+    )]
+    pub keda_host: std::net::IpAddr,
 }
 
 /// Why `ballast operator` stopped.
@@ -148,6 +162,14 @@ pub enum OperatorError {
     /// The metrics port cannot be bound.
     #[error("cannot listen on {addr} (--metrics-port): {source}")]
     Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The external scaler's port cannot be bound.
+    #[error("cannot listen on {addr} (--keda-port): {source}")]
+    KedaListen {
         /// The address.
         addr: std::net::SocketAddr,
         /// Why.
@@ -168,6 +190,7 @@ impl OperatorError {
         match self {
             OperatorError::Config(_) | OperatorError::MetricsApi(StartError::Cert(_)) => 2,
             OperatorError::Listen { .. }
+            | OperatorError::KedaListen { .. }
             | OperatorError::LostLease
             | OperatorError::MetricsApi(StartError::Listen { .. }) => 1,
         }
@@ -253,7 +276,9 @@ pub async fn run(
     let board = Arc::new(Board::default());
     let leading = Arc::new(AtomicBool::new(false));
     let pod = match (std::env::var("POD_NAME"), &args.lease_namespace) {
-        (Ok(name), Some(ns)) if args.metrics_api.metrics_api_port.is_some() => {
+        (Ok(name), Some(ns))
+            if args.metrics_api.metrics_api_port.is_some() || args.keda_port.is_some() =>
+        {
             Some(LeaderLabel::new(Api::namespaced(client.clone(), ns), name))
         }
         _ => None,
@@ -281,6 +306,25 @@ pub async fn run(
             )
             .await?,
         );
+    }
+
+    if let Some(port) = args.keda_port {
+        if let Some(pod) = &pod
+            && args.metrics_api.metrics_api_port.is_none()
+        {
+            pod.set(false).await;
+        }
+        let addr = std::net::SocketAddr::new(args.keda_host, port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| OperatorError::KedaListen { addr, source })?;
+        let bound = crate::keda::serve(
+            listener,
+            crate::keda::Scaler::new(Arc::clone(&board), Arc::clone(&leading)),
+        )
+        .map_err(|source| OperatorError::KedaListen { addr, source })?;
+        // Printed (not logged) so scripts and tests can read the port.
+        println!("ballast operator KEDA external scaler listening on {bound}");
     }
 
     let identity = args.identity.clone().unwrap_or_else(default_identity);
