@@ -118,6 +118,7 @@ fn the_metrics_apis_through_the_aggregation_layer() {
     cp.kubectl(&["create", "namespace", NS]).unwrap();
 
     let port = free_port();
+    let keda_port = free_port();
     let logs = dir.join("logs");
     let _operator = Operator(
         spawn_logged(
@@ -132,6 +133,12 @@ fn the_metrics_apis_through_the_aggregation_layer() {
                     &host,
                     "--metrics-api-port",
                     &port.to_string(),
+                ])
+                .args([
+                    "--keda-host",
+                    "127.0.0.1",
+                    "--keda-port",
+                    &keda_port.to_string(),
                 ])
                 .arg("--metrics-api-cert-file")
                 .arg(pki.join("serving.crt"))
@@ -453,6 +460,89 @@ fn the_metrics_apis_through_the_aggregation_layer() {
         started.elapsed()
     );
     drop(silent);
+
+    // KEDA's external scaler on the same process (--keda-port), called as KEDA calls it:
+    // `chat` has no pod that could report, so it is inactive and its metric NotFound.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use ballast_operator::keda::proto::external_scaler_client::ExternalScalerClient;
+        use ballast_operator::keda::proto::{GetMetricsRequest, ScaledObjectRef};
+        let mut c = ExternalScalerClient::connect(format!("http://127.0.0.1:{keda_port}"))
+            .await
+            .unwrap_or_else(|e| panic!("KEDA's scaler: {e}\n{}", op_log()));
+        let reference = ScaledObjectRef {
+            name: "chat".into(),
+            namespace: NS.into(),
+            scaler_metadata: [(
+                ballast_operator::keda::SERVICE_KEY.to_string(),
+                "chat".to_string(),
+            )]
+            .into(),
+        };
+        assert!(
+            !c.is_active(reference.clone())
+                .await
+                .unwrap()
+                .get_ref()
+                .result
+        );
+        let e = c
+            .get_metrics(GetMetricsRequest {
+                scaled_object_ref: Some(reference),
+                metric_name: "recommended_replicas".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
+    });
+
+    // The chart's ScaledObjects, as a real API server with KEDA's CRD judges them.
+    let keda_crd =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/keda/keda.sh_scaledobjects.yaml");
+    cp.kubectl(&["apply", "--server-side", "-f", keda_crd.to_str().unwrap()])
+        .unwrap();
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/scaledobjects.keda.sh",
+        "--timeout=30s",
+    ])
+    .unwrap();
+    let helm = ballast_helm::Helm::new().unwrap_or_else(|e| panic!("helm: {e}"));
+    let values = format!(
+        "keda:\n  enabled: true\n  scaledObjects:\n  - {{name: chat, namespace: {NS}, inferenceService: chat, metric: capacity_waiting_per_replica, target: 2, minReplicaCount: 0, maxReplicaCount: 4}}\n"
+    );
+    let rendered = helm
+        .render_with(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/ballast"),
+            "ballast",
+            OPERATOR_NS,
+            &values,
+            &ballast_helm::RenderOptions::default().api_version("keda.sh/v1alpha1/ScaledObject"),
+        )
+        .unwrap_or_else(|e| panic!("the chart: {e}"));
+    let scaled: Vec<String> = rendered
+        .documents
+        .iter()
+        .filter(|d| d.content.contains("kind: ScaledObject"))
+        .map(|d| d.content.clone())
+        .collect();
+    assert_eq!(scaled.len(), 1, "{:?}", rendered.documents.len());
+    let accepted = cp
+        .apply_with(&scaled[0], &["--dry-run=server"])
+        .unwrap_or_else(|e| {
+            panic!(
+                "the API server refused the chart's ScaledObject: {e}\n{}",
+                scaled[0]
+            )
+        });
+    assert!(accepted.contains("scaledobject.keda.sh/chat"), "{accepted}");
+    // The dry run judges: a trigger without its type is refused by KEDA's schema.
+    let broken = scaled[0].replacen("type: external", "", 1);
+    let refused = cp
+        .apply_with(&broken, &["--dry-run=server"])
+        .expect_err("a trigger without a type");
+    assert!(refused.contains("type"), "{refused}");
     drop(cp);
     drop(network);
     let _ = std::fs::remove_dir_all(&dir);

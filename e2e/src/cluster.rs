@@ -419,6 +419,13 @@ impl ControlPlane {
         )
     }
 
+    /// `kubectl apply -f - ARGS` of `yaml` (`--dry-run=server`, say).
+    pub fn apply_with(&self, yaml: &str, args: &[&str]) -> Result<String, String> {
+        let mut all = vec!["apply", "-f", "-"];
+        all.extend(args);
+        kubectl_run(&self.bin, &self.admin_kubeconfig, &all, Some(yaml))
+    }
+
     /// A kubeconfig (written under the state dir) that authenticates as ServiceAccount
     /// `namespace/name` with a fresh token from the TokenRequest API.
     pub fn service_account_kubeconfig(

@@ -95,9 +95,9 @@ fn named(r: &ballast_helm::Rendered, kind: &str, name: &str, namespace: Option<&
 
 /// What both modes share: exactly the declared access where the operator watches (a role
 /// named `ballast-ballast-system` of `kind`, in `watched` for a Role), the Lease (and with
-/// the metrics APIs its own pod's label) in its own namespace, each bound to its
-/// ServiceAccount.
-fn check_grants(r: &ballast_helm::Rendered, watched: Option<&str>, metrics_api: bool) {
+/// `leader_label`, for the metrics APIs or KEDA's scaler, its own pod's label) in its own
+/// namespace, each bound to its ServiceAccount.
+fn check_grants(r: &ballast_helm::Rendered, watched: Option<&str>, leader_label: bool) {
     let (kind, binding) = match watched {
         None => ("ClusterRole", "ClusterRoleBinding"),
         Some(_) => ("Role", "RoleBinding"),
@@ -126,8 +126,8 @@ fn check_grants(r: &ballast_helm::Rendered, watched: Option<&str>, metrics_api: 
 
     let own = named(r, "Role", "ballast", Some("ballast-system"));
     let mut want = vec![Scope::OwnNamespace];
-    if metrics_api {
-        want.push(Scope::MetricsApiOwnPod);
+    if leader_label {
+        want.push(Scope::LeaderLabel);
     }
     assert_eq!(
         granted_verbs(&own["rules"]),
@@ -143,6 +143,9 @@ fn every_namespace_gets_a_cluster_role_of_exactly_the_declared_access() {
             render(&options().values(serde_json::json!({"metricsApi": {"enabled": metrics_api}})));
         check_grants(&r, None, metrics_api);
     }
+    // KEDA's scaler alone: its Service selects the leader's label too.
+    let r = render(&options().values(serde_json::json!({"keda": {"enabled": true}})));
+    check_grants(&r, None, true);
 }
 
 #[test]
@@ -211,7 +214,7 @@ fn the_rules_files_list_the_declared_access_in_order() {
     for (file, scope) in [
         ("files/operator-rbac-rules.yaml", Scope::Watched),
         ("files/operator-lease-rules.yaml", Scope::OwnNamespace),
-        ("files/operator-own-pod-rules.yaml", Scope::MetricsApiOwnPod),
+        ("files/operator-own-pod-rules.yaml", Scope::LeaderLabel),
         ("files/operator-metrics-api-rules.yaml", Scope::MetricsApi),
     ] {
         let text = std::fs::read_to_string(chart_dir().join(file)).unwrap();

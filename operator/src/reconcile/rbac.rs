@@ -43,8 +43,8 @@
 //! - `metrics_api/certs.rs` (only with `--metrics-api-cert-secret`): `get`, `create` and
 //!   `update` of that Secret in the operator's namespace, `get` and a merge `patch` of the
 //!   APIServices named by `--metrics-api-apiservices` (their `caBundle`);
-//! - `run.rs` (only with `--metrics-api-port`): a merge `patch` of the operator's own pod
-//!   (its leader label), in its own namespace.
+//! - `run.rs` (only with `--metrics-api-port` or `--keda-port`): a merge `patch` of the
+//!   operator's own pod (its leader label), in its own namespace.
 //!
 //! Not listed: `cache.rs` reads the discovery document
 //! `/apis/monitoring.coreos.com/v1`, which every authenticated client may read
@@ -69,9 +69,10 @@ pub enum Scope {
     /// Cluster-wide but only the APIServices the operator sets the `caBundle` of
     /// (`resourceNames`), when it keeps its own certificate.
     MetricsApiCaBundle,
-    /// The operator's own namespace, when the metrics APIs are on: the patch of its own
-    /// pod's leader label (RBAC cannot name a pod whose name the ReplicaSet picks).
-    MetricsApiOwnPod,
+    /// The operator's own namespace, when the metrics APIs or KEDA's scaler are on: the
+    /// patch of its own pod's leader label, which their Services select (RBAC cannot name
+    /// a pod whose name the ReplicaSet picks).
+    LeaderLabel,
     /// The operator's namespace, only the Secret it keeps its certificate in
     /// (`resourceNames`; `create` cannot be limited by name), when it keeps its own
     /// certificate.
@@ -173,7 +174,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
         group: "",
         resource: "pods",
         verbs: &["patch"],
-        scope: Scope::MetricsApiOwnPod,
+        scope: Scope::LeaderLabel,
     },
 ];
 

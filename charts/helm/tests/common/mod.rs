@@ -101,6 +101,12 @@ impl Render {
         self
     }
 
+    /// A cluster that also serves `api_version` (`group/version` or `group/version/Kind`).
+    pub fn with_api(mut self, api_version: &str) -> Self {
+        self.options = self.options.api_version(api_version);
+        self
+    }
+
     /// The render, or Helm's error.
     pub fn try_render(&self) -> Result<Rendered, Error> {
         helm().render_with(
