@@ -219,12 +219,15 @@ fn a_huge_header_gets_431_and_a_slow_loris_flood_does_not_lock_out_a_client() {
 
     // A thousand connections, each sending half a request head and then nothing.
     let addr = b.strip_prefix("http://").unwrap();
-    let mut loris = Vec::new();
-    for _ in 0..1000 {
-        let mut s = TcpStream::connect(addr).unwrap();
-        let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ");
-        loris.push(s);
-    }
+    let mut loris = common::Held::new(
+        (0..1000)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+                s
+            })
+            .collect(),
+    );
     // A normal client, each request whole, is served at once, several times over.
     for _ in 0..5 {
         let t = Instant::now();
@@ -237,24 +240,7 @@ fn a_huge_header_gets_431_and_a_slow_loris_flood_does_not_lock_out_a_client() {
         );
     }
     // The flood was cut to the cap: most slow connections have been closed.
-    let mut closed = 0;
-    for s in &mut loris {
-        s.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
-        let mut buf = [0u8; 1];
-        // EOF or a reset: closed. A timeout: still open, waiting.
-        match s.read(&mut buf) {
-            Ok(0) => closed += 1,
-            Err(e)
-                if !matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                closed += 1
-            }
-            _ => {}
-        }
-    }
+    let closed = loris.closed();
     assert!(closed >= 700, "{closed} of 1,000 slow connections closed");
     drop(loris);
     let mut e = e;

@@ -541,13 +541,16 @@ fn the_admin_port_and_the_router_have_the_engines_connection_limits() {
     let flood = cap + 300;
     let addr = local.admin.strip_prefix("http://").unwrap().to_string();
     let started = Instant::now();
-    let mut loris = Vec::new();
-    for _ in 0..flood {
-        use std::io::Write;
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ");
-        loris.push(s);
-    }
+    let mut loris = common::Held::new(
+        (0..flood)
+            .map(|_| {
+                use std::io::Write;
+                let mut s = std::net::TcpStream::connect(&addr).unwrap();
+                let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+                s
+            })
+            .collect(),
+    );
     for _ in 0..5 {
         let t = Instant::now();
         let answer = raw(
@@ -561,26 +564,7 @@ fn the_admin_port_and_the_router_have_the_engines_connection_limits() {
             t.elapsed()
         );
     }
-    let closed = |loris: &mut [std::net::TcpStream]| {
-        use std::io::Read;
-        loris
-            .iter_mut()
-            .filter(|s| {
-                s.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
-                let mut buf = [0u8; 1];
-                // EOF or a reset: closed. A timeout: still open, waiting.
-                match (&**s).read(&mut buf) {
-                    Ok(0) => true,
-                    Err(e) => !matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ),
-                    _ => false,
-                }
-            })
-            .count()
-    };
-    let at_once = closed(&mut loris);
+    let at_once = loris.closed();
     assert!(
         at_once >= flood - cap,
         "{at_once} of {flood} slow connections closed; the cap is {cap}"
@@ -591,7 +575,7 @@ fn the_admin_port_and_the_router_have_the_engines_connection_limits() {
     let mut all = at_once;
     while all < flood && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(250));
-        all = closed(&mut loris).max(all);
+        all = loris.closed();
     }
     assert_eq!(
         all,

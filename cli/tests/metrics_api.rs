@@ -12,6 +12,8 @@
 //! e2e, `cluster.rs`, has engines under load). Skips like `cluster.rs` without the cluster's
 //! programs or root; `BALLAST_REQUIRE_E2E=1` makes that a failure.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -412,9 +414,11 @@ fn the_metrics_apis_through_the_aggregation_layer() {
     let flood = cap + 100;
     let addr = direct.strip_prefix("https://").unwrap().to_string();
     let started = Instant::now();
-    let mut silent: Vec<std::net::TcpStream> = (0..flood)
-        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
-        .collect();
+    let mut silent = common::Held::new(
+        (0..flood)
+            .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+            .collect(),
+    );
     for _ in 0..3 {
         let t = Instant::now();
         assert_eq!(curl(&format!("{direct}/healthz"), &[]).0, 200);
@@ -424,25 +428,7 @@ fn the_metrics_apis_through_the_aggregation_layer() {
             t.elapsed()
         );
     }
-    let closed = |conns: &mut [std::net::TcpStream]| {
-        use std::io::Read;
-        conns
-            .iter_mut()
-            .filter(|s| {
-                s.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
-                let mut buf = [0u8; 1];
-                match (&**s).read(&mut buf) {
-                    Ok(0) => true,
-                    Err(e) => !matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ),
-                    _ => false,
-                }
-            })
-            .count()
-    };
-    let at_once = closed(&mut silent);
+    let at_once = silent.closed();
     assert!(
         at_once >= flood - cap,
         "{at_once} of {flood} closed; cap {cap}"
@@ -451,7 +437,7 @@ fn the_metrics_apis_through_the_aggregation_layer() {
     let mut all = at_once;
     while all < flood && started.elapsed() < header + Duration::from_secs(3) {
         std::thread::sleep(Duration::from_millis(250));
-        all = closed(&mut silent).max(all);
+        all = silent.closed();
     }
     assert_eq!(
         all,
