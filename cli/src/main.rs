@@ -1,4 +1,4 @@
-//! `ballast`: one binary for the engine, the load generator and (later) the operator.
+//! `ballast`: one binary for the engine, the load generator, the operator and its tools.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -27,6 +27,9 @@ enum Command {
     Operator(ballast_operator::reconcile::OperatorArgs),
     /// Print the InferenceService CRD (YAML) generated from the Rust types.
     Crd,
+    /// Print what the operator reads from one engine (ours, vLLM or SGLang): a metrics URL
+    /// or a saved exposition, as the signals a control period decides on.
+    Signals(ballast_operator::inspect::SignalsArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +91,13 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            Command::Signals(args) => match ballast_operator::inspect::run(args).await {
+                Ok(_) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    e.exit_code()
+                }
+            },
             Command::Bench(args) => match ballast_bench::run(args).await {
                 Ok(_) => 0,
                 Err(e) => {

@@ -17,7 +17,12 @@ fn flags(subcommand: &str) -> Vec<String> {
         .filter(|f| f != "--help" && f != "--version")
         .collect();
     flags.dedup();
-    assert!(flags.len() > 5, "parsed too few flags from:\n{help}");
+    // Every subcommand with flags has `--json` or more than a handful: a parse that finds
+    // fewer read the help wrong.
+    assert!(
+        flags.len() > 5 || flags.iter().any(|f| f == "--json"),
+        "parsed too few flags from:\n{help}"
+    );
     flags
 }
 
@@ -63,6 +68,18 @@ fn every_operator_flag_is_documented() {
         .filter(|f| !docs.contains(f.as_str()))
         .collect();
     assert!(missing.is_empty(), "docs/operator.md lacks {missing:?}");
+}
+
+#[test]
+fn every_signals_flag_is_documented() {
+    let docs = doc("cli.md");
+    let flags = flags("signals");
+    assert_eq!(flags.len(), 4, "{flags:?}");
+    let missing: Vec<_> = flags
+        .into_iter()
+        .filter(|f| !docs.contains(f.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "docs/cli.md lacks {missing:?}");
 }
 
 #[test]

@@ -10,6 +10,7 @@
 pub mod control;
 pub mod decide;
 pub mod engine_args;
+pub mod inspect;
 pub mod keda;
 pub mod labels;
 pub mod local;
