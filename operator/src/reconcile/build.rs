@@ -215,18 +215,13 @@ fn http_get(port: &str) -> Option<HTTPGetAction> {
     })
 }
 
-/// The engine Deployment.
+/// The engine Deployment: the image, the command and its ports, the environment, the
+/// volumes, the container, the pod, in that order.
 pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
     let isvc = input.isvc;
     let e = &isvc.spec.engine;
     let name = name(isvc)?;
-    let image = match (e.image.is_empty(), e.kind) {
-        (false, _) => e.image.clone(),
-        (true, EngineKind::Ballast) if !input.default_image.is_empty() => {
-            input.default_image.to_string()
-        }
-        (true, kind) => return Err(BuildError::NoImage(kind_word(kind))),
-    };
+    let image = engine_image(input)?;
     let grpc_port = if e.kind == EngineKind::Ballast {
         e.grpc_port
     } else {
@@ -240,20 +235,100 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             grpc_port,
         },
     );
-    let mut ports = vec![ContainerPort {
-        name: Some("http".into()),
-        container_port: e.port,
+    let models = model_volume(isvc);
+    let control_token = uses_control_token(isvc);
+    let env = engine_env(isvc, &mut cmd, models.is_some(), control_token);
+    let termination_grace = termination_grace_seconds(e.kind, &cmd.args, &env);
+    let (volume_mounts, volumes) = engine_volumes(isvc, &name, models, control_token);
+    let container = Container {
+        name: "engine".into(),
+        image: Some(image),
+        command: cmd.command,
+        args: Some(cmd.args),
+        env: Some(env),
+        ports: Some(container_ports(e.port, grpc_port)),
+        resources: (e.resources != Default::default()).then(|| e.resources.clone()),
+        volume_mounts: Some(volume_mounts),
+        ..locked_down_container()
+    };
+    let pod = pod_spec(container, termination_grace, volumes);
+    Ok(Deployment {
+        metadata: meta(isvc)?,
+        spec: Some(DeploymentSpec {
+            replicas: Some(input.replicas.max(0)),
+            selector: LabelSelector {
+                match_labels: Some(labels::selector_labels(&name)),
+                ..LabelSelector::default()
+            },
+            // Capacity never dips during a rollout: a new pod first, then an old one goes.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(k8s_openapi::api::apps::v1::RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels::labels(&name)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The engine's image: the spec's, else (Ballast engines only) the operator's default.
+fn engine_image(input: &BuildInput<'_>) -> Result<String, BuildError> {
+    let e = &input.isvc.spec.engine;
+    match (e.image.is_empty(), e.kind) {
+        (false, _) => Ok(e.image.clone()),
+        (true, EngineKind::Ballast) if !input.default_image.is_empty() => {
+            Ok(input.default_image.to_string())
+        }
+        (true, kind) => Err(BuildError::NoImage(kind_word(kind))),
+    }
+}
+
+/// The named ports: `http`, and `grpc` when the control API is on.
+fn container_ports(port: i32, grpc_port: i32) -> Vec<ContainerPort> {
+    let named = |name: &str, container_port: i32| ContainerPort {
+        name: Some(name.into()),
+        container_port,
         protocol: Some("TCP".into()),
         ..ContainerPort::default()
-    }];
+    };
+    let mut ports = vec![named("http", port)];
     if grpc_port > 0 {
-        ports.push(ContainerPort {
-            name: Some("grpc".into()),
-            container_port: grpc_port,
-            protocol: Some("TCP".into()),
-            ..ContainerPort::default()
-        });
+        ports.push(named("grpc", grpc_port));
     }
+    ports
+}
+
+/// A variable with a plain value.
+fn var(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+/// The engine's environment: what the operator sets (the pod IP, a writable home, the
+/// model cache, the shutdown delay, the control token and TLS pair, the API key), then the
+/// spec's `engine.env`, whose variables win (the operator sets none the user set). The
+/// SGLang API key also adds an argument to `cmd`.
+fn engine_env(
+    isvc: &InferenceService,
+    cmd: &mut engine_args::EngineCommand,
+    models: bool,
+    control_token: bool,
+) -> Vec<EnvVar> {
+    let e = &isvc.spec.engine;
+    let user_sets = |name: &str| e.env.iter().any(|v| v.name == name);
     // POD_IP first: `$(POD_IP)` in the arguments is expanded from it. HOME and the cache
     // go to the writable /tmp volume, since the root filesystem is read-only.
     let mut env = vec![
@@ -268,131 +343,127 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             }),
             ..EnvVar::default()
         },
-        EnvVar {
-            name: "HOME".into(),
-            value: Some("/tmp".into()),
-            ..EnvVar::default()
-        },
-        EnvVar {
-            name: "XDG_CACHE_HOME".into(),
-            value: Some("/tmp/.cache".into()),
-            ..EnvVar::default()
-        },
+        var("HOME", "/tmp"),
+        var("XDG_CACHE_HOME", "/tmp/.cache"),
     ];
-    let models = model_volume(isvc);
-    // The engine resolves known model names in its cache; a variable the user sets in
-    // `engine.env` wins (and must not appear twice: env is a list keyed by name).
-    if models.is_some() && !e.env.iter().any(|v| v.name == MODEL_CACHE_ENV) {
-        env.push(EnvVar {
-            name: MODEL_CACHE_ENV.into(),
-            value: Some(MODEL_MOUNT_PATH.into()),
-            ..EnvVar::default()
-        });
+    // The engine resolves known model names in its cache.
+    if models && !user_sets(MODEL_CACHE_ENV) {
+        env.push(var(MODEL_CACHE_ENV, MODEL_MOUNT_PATH));
     }
-    if e.kind == EngineKind::Ballast && !e.env.iter().any(|v| v.name == SHUTDOWN_DELAY_ENV) {
-        env.push(EnvVar {
-            name: SHUTDOWN_DELAY_ENV.into(),
-            value: Some(ENGINE_SHUTDOWN_DELAY_SECONDS.to_string()),
-            ..EnvVar::default()
-        });
+    if e.kind == EngineKind::Ballast && !user_sets(SHUTDOWN_DELAY_ENV) {
+        env.push(var(
+            SHUTDOWN_DELAY_ENV,
+            ENGINE_SHUTDOWN_DELAY_SECONDS.to_string(),
+        ));
     }
-    let control_token = uses_control_token(isvc);
     if control_token {
-        // The token, and the control API over TLS with the pair of the same Secret. A
-        // variable the user set wins; TLS is on only with both of the pair's.
-        let tls_own = [CONTROL_TLS_CERT_ENV, CONTROL_TLS_KEY_ENV]
-            .iter()
-            .any(|n| e.env.iter().any(|v| v.name == *n));
+        // The token, and the control API over TLS with the pair of the same Secret; TLS
+        // is on only with both of the pair's variables the operator's.
+        let tls_own = user_sets(CONTROL_TLS_CERT_ENV) || user_sets(CONTROL_TLS_KEY_ENV);
         let mut vars = vec![(CONTROL_TOKEN_FILE_ENV, super::token::TOKEN_KEY)];
         if !tls_own {
             vars.push((CONTROL_TLS_CERT_ENV, "tls.crt"));
             vars.push((CONTROL_TLS_KEY_ENV, "tls.key"));
         }
-        for (var, file) in vars {
-            if !e.env.iter().any(|v| v.name == var) {
-                env.push(EnvVar {
-                    name: var.into(),
-                    value: Some(format!("{CONTROL_TOKEN_DIR}/{file}")),
-                    ..EnvVar::default()
-                });
+        for (name, file) in vars {
+            if !user_sets(name) {
+                env.push(var(name, format!("{CONTROL_TOKEN_DIR}/{file}")));
             }
         }
     }
-    let api_key = isvc.spec.auth.as_ref().map(|a| &a.api_key_secret_ref);
-    let from_secret = |var: &str| {
-        api_key.map(|r| EnvVar {
-            name: var.into(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: r.name.clone(),
-                    key: r.key.clone(),
-                    optional: Some(false),
-                }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        })
+    api_key_env(isvc, cmd, &mut env);
+    env.extend(e.env.iter().cloned());
+    env
+}
+
+/// Where each engine kind takes `spec.auth`'s key: a Ballast engine a file from the
+/// mounted Secret, vLLM a variable, SGLang a variable passed as `--api-key`.
+fn api_key_env(
+    isvc: &InferenceService,
+    cmd: &mut engine_args::EngineCommand,
+    env: &mut Vec<EnvVar>,
+) {
+    let e = &isvc.spec.engine;
+    let Some(key) = isvc.spec.auth.as_ref().map(|a| &a.api_key_secret_ref) else {
+        return;
     };
-    let user_sets = |var: &str| e.env.iter().any(|v| v.name == var);
+    let user_sets = |name: &str| e.env.iter().any(|v| v.name == name);
+    let from_secret = |name: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: key.name.clone(),
+                key: key.key.clone(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    };
     match e.kind {
-        EngineKind::Ballast if api_key.is_some() && !user_sets(API_KEY_FILE_ENV) => {
-            env.push(EnvVar {
-                name: API_KEY_FILE_ENV.into(),
-                value: Some(format!("{API_KEY_DIR}/{API_KEY_FILE_NAME}")),
-                ..EnvVar::default()
-            });
+        EngineKind::Ballast if !user_sets(API_KEY_FILE_ENV) => {
+            env.push(var(
+                API_KEY_FILE_ENV,
+                format!("{API_KEY_DIR}/{API_KEY_FILE_NAME}"),
+            ));
         }
-        EngineKind::Vllm if !user_sets(VLLM_API_KEY_ENV) => {
-            env.extend(from_secret(VLLM_API_KEY_ENV))
-        }
-        EngineKind::Sglang if api_key.is_some() && !user_sets(SGLANG_API_KEY_ENV) => {
-            env.extend(from_secret(SGLANG_API_KEY_ENV));
+        EngineKind::Vllm if !user_sets(VLLM_API_KEY_ENV) => env.push(from_secret(VLLM_API_KEY_ENV)),
+        EngineKind::Sglang if !user_sets(SGLANG_API_KEY_ENV) => {
+            env.push(from_secret(SGLANG_API_KEY_ENV));
             cmd.args.push("--api-key".into());
             cmd.args.push(format!("$({SGLANG_API_KEY_ENV})"));
         }
         _ => {}
     }
-    env.extend(e.env.iter().cloned());
-    let termination_grace = termination_grace_seconds(e.kind, &cmd.args, &env);
-    let mut volume_mounts = vec![VolumeMount {
-        name: "tmp".into(),
-        mount_path: "/tmp".into(),
+}
+
+/// The volumes and their mounts: a writable /tmp, the models (read-only), the control
+/// token with the serving pair (never the CA key), and a Ballast engine's API key.
+fn engine_volumes(
+    isvc: &InferenceService,
+    name: &str,
+    models: Option<Volume>,
+    control_token: bool,
+) -> (Vec<VolumeMount>, Vec<Volume>) {
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
         ..VolumeMount::default()
-    }];
+    };
+    let mut mounts = vec![mount("tmp", "/tmp", false)];
     let mut volumes = vec![Volume {
         name: "tmp".into(),
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Volume::default()
     }];
     if let Some(models) = models {
-        volume_mounts.push(VolumeMount {
-            name: models.name.clone(),
-            mount_path: MODEL_MOUNT_PATH.into(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
+        mounts.push(mount(&models.name, MODEL_MOUNT_PATH, true));
         volumes.push(models);
     }
+    let files = |items: Vec<(String, String)>| {
+        Some(
+            items
+                .into_iter()
+                .map(|(key, path)| KeyToPath {
+                    key,
+                    path,
+                    ..KeyToPath::default()
+                })
+                .collect(),
+        )
+    };
     if control_token {
-        volume_mounts.push(VolumeMount {
-            name: "control-token".into(),
-            mount_path: CONTROL_TOKEN_DIR.into(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
+        mounts.push(mount("control-token", CONTROL_TOKEN_DIR, true));
         volumes.push(Volume {
             name: "control-token".into(),
             secret: Some(SecretVolumeSource {
-                secret_name: Some(super::token::secret_name(&name)),
+                secret_name: Some(super::token::secret_name(name)),
                 // The token and the serving pair only: the CA key stays in the Secret.
-                items: Some(
+                items: files(
                     [super::token::TOKEN_KEY, "tls.crt", "tls.key"]
                         .into_iter()
-                        .map(|k| KeyToPath {
-                            key: k.into(),
-                            path: k.into(),
-                            ..KeyToPath::default()
-                        })
+                        .map(|k| (k.to_string(), k.to_string()))
                         .collect(),
                 ),
                 // Readable by the engine (its group is the pod's fsGroup), by no one else.
@@ -402,37 +473,27 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             ..Volume::default()
         });
     }
-    if let Some(r) = api_key.filter(|_| e.kind == EngineKind::Ballast) {
-        volume_mounts.push(VolumeMount {
-            name: "api-key".into(),
-            mount_path: API_KEY_DIR.into(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
+    let api_key = isvc.spec.auth.as_ref().map(|a| &a.api_key_secret_ref);
+    if let Some(r) = api_key.filter(|_| isvc.spec.engine.kind == EngineKind::Ballast) {
+        mounts.push(mount("api-key", API_KEY_DIR, true));
         volumes.push(Volume {
             name: "api-key".into(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(r.name.clone()),
-                items: Some(vec![KeyToPath {
-                    key: r.key.clone(),
-                    path: API_KEY_FILE_NAME.into(),
-                    ..KeyToPath::default()
-                }]),
+                items: files(vec![(r.key.clone(), API_KEY_FILE_NAME.to_string())]),
                 default_mode: Some(0o440),
                 optional: Some(false),
             }),
             ..Volume::default()
         });
     }
-    let resources = (e.resources != Default::default()).then(|| e.resources.clone());
-    let container = Container {
-        name: "engine".into(),
-        image: Some(image),
-        command: cmd.command,
-        args: Some(cmd.args),
-        env: Some(env),
-        ports: Some(ports),
-        resources,
+    (mounts, volumes)
+}
+
+/// What every engine container has, whatever it runs: the probes, a locked-down security
+/// context, and the end of its log as the termination message.
+fn locked_down_container() -> Container {
+    Container {
         // Loading a model can take minutes: the startup probe allows 30 of them, then
         // readiness and liveness take over.
         startup_probe: Some(Probe {
@@ -464,15 +525,18 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
             }),
             ..SecurityContext::default()
         }),
-        volume_mounts: Some(volume_mounts),
         // An engine that exits with an error says why on stderr; with this the kubelet
         // keeps the end of that log as the termination message, which the operator quotes
         // in the Degraded condition of a crash loop.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Container::default()
-    };
-    let selector = labels::selector_labels(&name);
-    let pod = PodSpec {
+    }
+}
+
+/// The pod: the container behind the readiness gate, no ServiceAccount token, a
+/// non-root user and the runtime's seccomp profile.
+fn pod_spec(container: Container, termination_grace: i64, volumes: Vec<Volume>) -> PodSpec {
+    PodSpec {
         containers: vec![container],
         readiness_gates: Some(vec![PodReadinessGate {
             condition_type: ACCEPTING_CONDITION.into(),
@@ -493,34 +557,7 @@ pub fn deployment(input: &BuildInput<'_>) -> Result<Deployment, BuildError> {
         }),
         volumes: Some(volumes),
         ..PodSpec::default()
-    };
-    Ok(Deployment {
-        metadata: meta(isvc)?,
-        spec: Some(DeploymentSpec {
-            replicas: Some(input.replicas.max(0)),
-            selector: LabelSelector {
-                match_labels: Some(selector),
-                ..LabelSelector::default()
-            },
-            // Capacity never dips during a rollout: a new pod first, then an old one goes.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(k8s_openapi::api::apps::v1::RollingUpdateDeployment {
-                    max_surge: Some(IntOrString::Int(1)),
-                    max_unavailable: Some(IntOrString::Int(0)),
-                }),
-            }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels::labels(&name)),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(pod),
-            },
-            ..DeploymentSpec::default()
-        }),
-        status: None,
-    })
+    }
 }
 
 /// The termination grace period for a pod running `args` with `env`: for a Ballast
