@@ -236,7 +236,8 @@ fn default_identity() -> String {
 }
 
 /// Runs the operator until `shutdown` resolves (the binary passes SIGTERM/SIGINT) or the
-/// leader lease is lost.
+/// leader lease is lost: its own port, the leader's endpoints (metrics APIs, KEDA's
+/// scaler), the wait for the Lease, then the controller.
 pub async fn run(
     args: OperatorArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -251,6 +252,58 @@ pub async fn run(
     let role = Arc::new(AtomicU8::new(STARTING));
     // As an engine does: connections and watches need descriptors.
     ballast_serve::raise_open_files_limit();
+    // Each server is held until `run` returns: dropping one closes its port.
+    let _admin = serve_admin(&args, &metrics, &role).await?;
+    let board = Arc::new(Board::default());
+    let leading = Arc::new(AtomicBool::new(false));
+    let pod = leader_label(&args, &client);
+    let _metrics_api =
+        serve_leader_endpoints(&args, &client, serving_cert, &board, &leading, pod.as_ref())
+            .await?;
+
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let Some(elector) = lead(
+        &args,
+        &client,
+        &identity,
+        (&role, &leading, &metrics),
+        pod.as_ref(),
+        stop_rx.clone(),
+    )
+    .await
+    else {
+        return Ok(());
+    };
+    let controller = control(&args, client, metrics, board, &identity, stop_rx);
+    let lost = async {
+        match &elector {
+            Some(e) => e.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = controller => Ok(()),
+        _ = lost => Err(OperatorError::LostLease),
+    }
+}
+
+/// Resolves once `rx` says stop.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// `/metrics`, `/healthz` and `/readyz` on `--metrics-host:--metrics-port`, on the
+/// engine's accept loop (a connection cap, header and idle timeouts).
+async fn serve_admin(
+    args: &OperatorArgs,
+    metrics: &Arc<OperatorMetrics>,
+    role: &Arc<AtomicU8>,
+) -> Result<ballast_serve::Connections, OperatorError> {
     let addr = std::net::SocketAddr::new(args.metrics_host, args.metrics_port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -263,119 +316,158 @@ pub async fn run(
             .map_err(|source| OperatorError::Listen { addr, source })?
     );
     let app = admin_router(Admin {
-        metrics: Arc::clone(&metrics),
-        role: Arc::clone(&role),
+        metrics: Arc::clone(metrics),
+        role: Arc::clone(role),
     });
-    // The engine's accept loop: a connection cap, header and idle timeouts. Held until
-    // `run` returns (dropping it closes the port).
-    let _admin = ballast_serve::Connections::start(listener, app, &crate::ADMIN_HTTP_LIMITS);
+    Ok(ballast_serve::Connections::start(
+        listener,
+        app,
+        &crate::ADMIN_HTTP_LIMITS,
+    ))
+}
 
-    // The metrics APIs answer from the first request on (health, discovery); values only
-    // while this replica leads, and a leader labels its own pod so that the Service in
-    // front of the APIs selects it alone (docs/autoscalers.md says why).
-    let board = Arc::new(Board::default());
-    let leading = Arc::new(AtomicBool::new(false));
-    let pod = match (std::env::var("POD_NAME"), &args.lease_namespace) {
+/// This replica's own pod, to label while it leads, when a Service must select the
+/// leader alone (the metrics APIs, KEDA's scaler) and the pod is known.
+fn leader_label(args: &OperatorArgs, client: &Client) -> Option<LeaderLabel> {
+    match (std::env::var("POD_NAME"), &args.lease_namespace) {
         (Ok(name), Some(ns))
             if args.metrics_api.metrics_api_port.is_some() || args.keda_port.is_some() =>
         {
             Some(LeaderLabel::new(Api::namespaced(client.clone(), ns), name))
         }
         _ => None,
-    };
-    // Held until `run` returns: dropping the server closes its port.
-    let mut _metrics_api = None;
+    }
+}
+
+/// The metrics APIs and KEDA's scaler, which answer from the first request on (health,
+/// discovery) and with values only while this replica leads (docs/autoscalers.md says
+/// why); the pod's leader label is cleared until then. Returns the metrics-API server.
+async fn serve_leader_endpoints(
+    args: &OperatorArgs,
+    client: &Client,
+    serving_cert: Option<Arc<crate::metrics_api::tls::ServingCert>>,
+    board: &Arc<Board>,
+    leading: &Arc<AtomicBool>,
+    pod: Option<&LeaderLabel>,
+) -> Result<Option<(std::net::SocketAddr, ballast_serve::Connections)>, OperatorError> {
+    if let Some(pod) = pod {
+        pod.set(false).await;
+    }
+    let mut metrics_api = None;
     if let (Some(port), Some(cert)) = (args.metrics_api.metrics_api_port, serving_cert) {
-        if let Some(pod) = &pod {
-            pod.set(false).await;
-        }
-        if let Some(settings) = args
-            .metrics_api
-            .cert_settings(args.lease_namespace.as_deref().unwrap_or("default"))
-        {
+        let lease_ns = args.lease_namespace.as_deref().unwrap_or("default");
+        if let Some(settings) = args.metrics_api.cert_settings(lease_ns) {
             crate::metrics_api::certs::keep(client.clone(), settings, Arc::clone(&cert));
         }
-        _metrics_api = Some(
+        metrics_api = Some(
             server::start(
                 &args.metrics_api,
                 port,
                 cert,
-                Arc::clone(&board),
-                Arc::clone(&leading),
+                Arc::clone(board),
+                Arc::clone(leading),
                 client.clone(),
             )
             .await?,
         );
     }
-
     if let Some(port) = args.keda_port {
-        if let Some(pod) = &pod
-            && args.metrics_api.metrics_api_port.is_none()
-        {
-            pod.set(false).await;
-        }
         let addr = std::net::SocketAddr::new(args.keda_host, port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| OperatorError::KedaListen { addr, source })?;
         let bound = crate::keda::serve(
             listener,
-            crate::keda::Scaler::new(Arc::clone(&board), Arc::clone(&leading)),
+            crate::keda::Scaler::new(Arc::clone(board), Arc::clone(leading)),
         )
         .map_err(|source| OperatorError::KedaListen { addr, source })?;
         // Printed (not logged) so scripts and tests can read the port.
         println!("ballast operator KEDA external scaler listening on {bound}");
     }
+    Ok(metrics_api)
+}
 
-    let identity = args.identity.clone().unwrap_or_else(default_identity);
+/// Waits for the Lease (unless leader election is off), then marks this replica the
+/// leader everywhere it shows: `/readyz`, the endpoints' flag, the pod's label, the
+/// metric. `None` when told to stop first; else the elector, if any, to hold the Lease.
+async fn lead(
+    args: &OperatorArgs,
+    client: &Client,
+    identity: &str,
+    (role, leading, metrics): (&AtomicU8, &AtomicBool, &OperatorMetrics),
+    pod: Option<&LeaderLabel>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Option<Option<Elector>> {
     let elector = (!args.no_leader_election).then(|| {
         let ns = args.lease_namespace.as_deref().unwrap_or("default");
         Elector::new(
             Api::<Lease>::namespaced(client.clone(), ns),
             &args.lease_name,
-            &identity,
+            identity,
             Duration::from_secs(args.lease_seconds.max(3)),
         )
     });
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-
     if let Some(e) = &elector {
         role.store(STANDBY, Ordering::SeqCst);
         metrics.leader.set(0);
         tracing::info!(target: "ballast::operator", identity = %e.identity(), lease = %args.lease_name, "waiting for the leader lease");
         tokio::select! {
             _ = e.acquire(e.renew_every()) => {}
-            _ = stopped(stop_rx.clone()) => return Ok(()),
+            _ = stopped(stop) => return None,
         }
     }
     role.store(LEADING, Ordering::SeqCst);
     leading.store(true, Ordering::SeqCst);
-    if let Some(pod) = &pod {
+    if let Some(pod) = pod {
         pod.set(true).await;
     }
     metrics.leader.set(1);
     tracing::info!(target: "ballast::operator", identity = %identity, "leading: reconciling InferenceServices");
+    Some(elector)
+}
 
-    // `--namespace`, or every namespace.
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
+/// `--namespace`, or every namespace.
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     }
+}
+
+/// The HorizontalPodAutoscalers, for the store only: a reconcile reads whether one targets
+/// its service each period (AutoscalerConflict).
+fn autoscalers(
+    client: &Client,
+    ns: Option<&str>,
+) -> kube::runtime::reflector::Store<HorizontalPodAutoscaler> {
+    let (store, events) = reflect(
+        api::<HorizontalPodAutoscaler>(client, ns),
+        watcher::Config::default(),
+    );
+    tokio::spawn(events.for_each(|event| async move {
+        if let Err(e) = event {
+            tracing::debug!(target: "ballast::operator", error = %e, "HorizontalPodAutoscaler watch");
+        }
+    }));
+    store
+}
+
+/// The controller: the watches that feed the stores reconciles read and trigger them,
+/// and the reconcile loop, until `stop`.
+fn control(
+    args: &OperatorArgs,
+    client: Client,
+    metrics: Arc<OperatorMetrics>,
+    board: Arc<Board>,
+    identity: &str,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> {
     let ns = args.namespace.as_deref();
     // One watch per owned kind feeds the store reconciles read and triggers a reconcile of
     // the owner when an object changes (a deleted Service is put back at once). Every
@@ -394,30 +486,19 @@ pub async fn run(
     let (secrets, secret_events) = reflect(api::<Secret>(&client, ns), owned_watch());
     let (pods, pod_events) = reflect(api::<Pod>(&client, ns), owned_watch());
     let pod_triggers = pod_events.filter(changed_pods());
-    // HorizontalPodAutoscalers only for the store too: a reconcile reads whether one
-    // targets its service each period (AutoscalerConflict).
-    let (autoscalers, autoscaler_events) = reflect(
-        api::<HorizontalPodAutoscaler>(&client, ns),
-        watcher::Config::default(),
-    );
-    tokio::spawn(autoscaler_events.for_each(|event| async move {
-        if let Err(e) = event {
-            tracing::debug!(target: "ballast::operator", error = %e, "HorizontalPodAutoscaler watch");
-        }
-    }));
     let stores = Stores {
         deployments,
         pods,
         services,
         pdbs,
         secrets,
-        autoscalers,
+        autoscalers: autoscalers(&client, ns),
     };
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
             controller: "ballast-operator".into(),
-            instance: Some(identity.clone()),
+            instance: Some(identity.to_string()),
         },
     );
     let ctx = Context::with_cache(
@@ -426,11 +507,11 @@ pub async fn run(
         Config {
             default_engine_image: args.engine_image.clone(),
         },
-        Arc::clone(&metrics),
+        metrics,
         recorder,
         board,
     );
-    let controller = Controller::new(
+    Controller::new(
         api::<InferenceService>(&client, ns),
         watcher::Config::default(),
     )
@@ -442,23 +523,13 @@ pub async fn run(
         let service = pod.labels().get(crate::labels::INSTANCE)?.clone();
         Some(ObjectRef::new(&service).within(&pod.namespace()?))
     })
-    .graceful_shutdown_on(stopped(stop_rx.clone()))
+    .graceful_shutdown_on(stopped(stop))
     .run(reconcile, error_policy, ctx)
     .for_each(|result| async move {
         if let Err(e) = result {
             tracing::debug!(target: "ballast::operator", error = %e, "controller event");
         }
-    });
-    let lost = async {
-        match &elector {
-            Some(e) => e.hold().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = controller => Ok(()),
-        _ = lost => Err(OperatorError::LostLease),
-    }
+    })
 }
 
 /// How many pods [`changed_pods`] remembers before it forgets them all (each then triggers
