@@ -92,6 +92,54 @@ pub fn next_tls(
     }
 }
 
+/// How long a Secret's pair, once judged current by [`next_tls`], is not judged again while
+/// the Secret is unchanged: parsing two certificates and two keys every control period
+/// for every service is work for nothing when renewal comes days before expiry.
+pub const TLS_RECHECK: Duration = Duration::from_secs(600);
+
+/// The Secrets whose pair was judged current ([`Renewal::Keep`]), by namespace, name and
+/// the certificate's name, with the resourceVersion judged and when.
+#[derive(Debug, Default)]
+pub struct KeptPairs {
+    judged: std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+}
+
+impl KeptPairs {
+    fn key(secret: &Secret, tls_name: &str) -> Option<(String, String)> {
+        let rv = secret.metadata.resource_version.clone()?;
+        let key = format!(
+            "{}/{}/{tls_name}",
+            secret.metadata.namespace.as_deref().unwrap_or_default(),
+            secret.metadata.name.as_deref().unwrap_or_default()
+        );
+        Some((key, rv))
+    }
+
+    /// Whether `secret` (this very version) was judged current within [`TLS_RECHECK`].
+    pub fn recent(&self, secret: &Secret, tls_name: &str, now: std::time::Instant) -> bool {
+        let Some((key, rv)) = Self::key(secret, tls_name) else {
+            return false;
+        };
+        let judged = self.judged.lock().unwrap_or_else(|e| e.into_inner());
+        judged
+            .get(&key)
+            .is_some_and(|(v, at)| *v == rv && now.saturating_duration_since(*at) < TLS_RECHECK)
+    }
+
+    /// Notes that `secret`'s pair was judged current at `now` (and forgets old verdicts).
+    pub fn note(&self, secret: &Secret, tls_name: &str, now: std::time::Instant) {
+        let Some((key, rv)) = Self::key(secret, tls_name) else {
+            return;
+        };
+        let mut judged = self.judged.lock().unwrap_or_else(|e| e.into_inner());
+        judged.retain(|_, (_, at)| now.saturating_duration_since(*at) < TLS_RECHECK);
+        judged.insert(key, (rv, now));
+    }
+}
+
+/// The verdicts of this process.
+static KEPT: std::sync::LazyLock<KeptPairs> = std::sync::LazyLock::new(KeptPairs::default);
+
 /// What the operator's control client trusts for the service's engines.
 pub fn trust(isvc: &InferenceService, pem: &Pem) -> ControlTrust {
     ControlTrust {
@@ -238,8 +286,23 @@ pub async fn ensure(
     let tls_name = tls_name(isvc);
     loop {
         let d = next(existing.as_deref(), request, Timestamp::now(), fresh_token);
-        let (pem, renewed) = next_tls(existing.as_deref(), &tls_name, std::time::SystemTime::now())
-            .map_err(|e| BuildError::Certificate(format!("control API TLS: {e}")))?;
+        let now = std::time::Instant::now();
+        let kept = existing
+            .as_deref()
+            .filter(|s| KEPT.recent(s, &tls_name, now))
+            .and_then(Pem::from_secret);
+        let (pem, renewed) = match kept {
+            Some(pem) => (pem, false),
+            None => {
+                let (pem, renewed) =
+                    next_tls(existing.as_deref(), &tls_name, std::time::SystemTime::now())
+                        .map_err(|e| BuildError::Certificate(format!("control API TLS: {e}")))?;
+                if let (Some(s), false) = (existing.as_deref(), renewed) {
+                    KEPT.note(s, &tls_name, now);
+                }
+                (pem, renewed)
+            }
+        };
         if !d.write && !renewed {
             return Ok((ControlTokens::new(d.tokens), trust(isvc, &pem), false));
         }
@@ -420,5 +483,37 @@ mod tests {
         }
         let debug = format!("{:?}", ControlTokens::new(vec!["abc".into()]));
         assert!(!debug.contains("abc"), "{debug}");
+    }
+
+    #[test]
+    fn a_current_pair_is_judged_again_only_when_the_secret_changes_or_after_a_while() {
+        let kept = KeptPairs::default();
+        let name = "chat.ml.control.ballast.internal";
+        let mut s = with("tok\n", &[]);
+        s.metadata.namespace = Some("ml".into());
+        s.metadata.name = Some("chat-control-token".into());
+        let t0 = std::time::Instant::now();
+        assert!(!kept.recent(&s, name, t0), "never judged");
+        s.metadata.resource_version = Some("7".into());
+        kept.note(&s, name, t0);
+        assert!(kept.recent(&s, name, t0 + Duration::from_secs(60)));
+        assert!(
+            !kept.recent(&s, "other.ml.control.ballast.internal", t0),
+            "another name"
+        );
+        assert!(
+            !kept.recent(&s, name, t0 + TLS_RECHECK),
+            "judged again after TLS_RECHECK"
+        );
+        let mut changed = s.clone();
+        changed.metadata.resource_version = Some("8".into());
+        assert!(!kept.recent(&changed, name, t0), "a new version is judged");
+        let mut unversioned = s.clone();
+        unversioned.metadata.resource_version = None;
+        kept.note(&unversioned, name, t0);
+        assert!(
+            !kept.recent(&unversioned, name, t0),
+            "no version, no verdict"
+        );
     }
 }
