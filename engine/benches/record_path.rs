@@ -32,7 +32,6 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use ballast_engine::admission::{AdmissionLedger, AdmissionLimits};
 use ballast_engine::backend::StepMetadata;
 use ballast_engine::backend::cpu::CpuBackend;
 use ballast_engine::config::{EngineArgs, EngineConfig};
@@ -41,12 +40,11 @@ use ballast_engine::events::RequestId;
 use ballast_engine::executor::{Executor, ModelExecutor, NoopExecutor};
 use ballast_engine::metrics::{EngineMetrics, MetricsConfig};
 use ballast_engine::model::LlamaModel;
-use ballast_engine::sampling::{SampleSpec, SamplingParams};
-use ballast_engine::scheduler::{EngineRequest, Scheduler, SchedulerConfig};
+use ballast_engine::scheduler::{Scheduler, SchedulerConfig};
 use ballast_engine::stats::board::ControlBoard;
 use ballast_engine::stats::timeline::RequestTimeline;
 use ballast_engine::stats::{IterationStats, StatLogger, StepStats, engine_loggers};
-use ballast_engine::tenants::TenantLedger;
+use ballast_engine::test_support::{self, greedy_request as request};
 use ballast_rng::SplitMix64;
 
 /// Prompt tokens of the decode workloads.
@@ -65,31 +63,7 @@ fn engine_config() -> EngineConfig {
 }
 
 fn scheduler(cfg: SchedulerConfig) -> Scheduler {
-    Scheduler::new(
-        cfg,
-        Arc::new(TenantLedger::new(None)),
-        Arc::new(AdmissionLedger::new(AdmissionLimits::default())),
-    )
-}
-
-fn request(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
-    EngineRequest {
-        id,
-        prompt,
-        sampling: SamplingParams {
-            spec: SampleSpec {
-                temperature: 0.0,
-                top_p: 1.0,
-                top_k: 0,
-            },
-            max_tokens,
-            ignore_eos: true,
-            ..SamplingParams::default()
-        },
-        rng_seed: id,
-        tenant: None,
-        eos_token_ids: [257].into(),
-    }
+    test_support::scheduler(cfg, None)
 }
 
 fn decode_prompt(id: RequestId) -> Vec<u32> {

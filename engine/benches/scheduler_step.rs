@@ -7,17 +7,14 @@
 //!
 //! `cargo bench -p ballast-engine --bench scheduler_step` (add `-- --quick` for a short run).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ballast_engine::admission::{AdmissionLedger, AdmissionLimits};
 use ballast_engine::backend::StepMetadata;
 use ballast_engine::backend::cpu::CpuBackend;
 use ballast_engine::executor::{Executor, ModelExecutor, NoopExecutor};
 use ballast_engine::model::{LlamaModel, ModelSpec};
-use ballast_engine::sampling::{SampleSpec, SamplingParams};
-use ballast_engine::scheduler::{EngineRequest, Scheduler, SchedulerConfig};
-use ballast_engine::tenants::TenantLedger;
+use ballast_engine::scheduler::{Scheduler, SchedulerConfig};
+use ballast_engine::test_support::{self, greedy_request};
 
 const RUNNING: usize = 256;
 const PROMPT: usize = 32;
@@ -31,35 +28,12 @@ fn scheduler(num_blocks: usize) -> Scheduler {
         num_blocks,
         enable_prefix_caching: true,
     };
-    let mut s = Scheduler::new(
-        cfg,
-        Arc::new(TenantLedger::new(None)),
-        Arc::new(AdmissionLedger::new(AdmissionLimits::default())),
-    );
+    let mut s = test_support::scheduler(cfg, None);
     for id in 0..RUNNING as u64 {
         let prompt = (0..PROMPT as u64)
             .map(|i| ((id * 131 + i * 7) % 256) as u32)
             .collect();
-        s.add(
-            EngineRequest {
-                id,
-                prompt,
-                sampling: SamplingParams {
-                    spec: SampleSpec {
-                        temperature: 0.0,
-                        top_p: 1.0,
-                        top_k: 0,
-                    },
-                    max_tokens: 4000,
-                    ignore_eos: true,
-                    ..SamplingParams::default()
-                },
-                rng_seed: id,
-                tenant: None,
-                eos_token_ids: [257].into(),
-            },
-            Instant::now(),
-        );
+        s.add(greedy_request(id, prompt, 4000), Instant::now());
     }
     s
 }

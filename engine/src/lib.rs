@@ -25,6 +25,7 @@ pub mod output;
 pub mod sampling;
 pub mod scheduler;
 pub mod tenants;
+pub mod test_support;
 pub mod text;
 pub mod tokenizer;
 

@@ -8,24 +8,13 @@ use ballast_engine::admission::{AdmissionLedger, AdmissionLimits};
 use ballast_engine::core::{RankCommand, RankWorker, StepOutput};
 use ballast_engine::dp::DpGroup;
 use ballast_engine::executor::NoopExecutor;
-use ballast_engine::sampling::SamplingParams;
 use ballast_engine::scheduler::{EngineRequest, Scheduler, SchedulerConfig};
 use ballast_engine::tenants::TenantLedger;
+use ballast_engine::test_support::greedy_request;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn request(id: u64, prompt_len: usize, max_tokens: u32) -> EngineRequest {
-    EngineRequest {
-        id,
-        prompt: (0..prompt_len as u32).collect(),
-        sampling: SamplingParams {
-            max_tokens,
-            ignore_eos: true,
-            ..SamplingParams::default()
-        },
-        rng_seed: id,
-        tenant: None,
-        eos_token_ids: [257].into(),
-    }
+    greedy_request(id, (0..prompt_len as u32).collect(), max_tokens)
 }
 
 struct Group {

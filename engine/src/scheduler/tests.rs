@@ -8,7 +8,6 @@ use crate::backend::cpu::CpuBackend;
 use crate::events::RequestStepOutput;
 use crate::executor::{Executor, ModelExecutor, NoopExecutor};
 use crate::model::{LlamaModel, ModelSpec};
-use crate::sampling::{SampleSpec, SamplingParams};
 
 fn cfg(
     max_num_seqs: usize,
@@ -26,33 +25,7 @@ fn cfg(
     }
 }
 
-fn scheduler(c: SchedulerConfig, tenant_cap: Option<u32>) -> Scheduler {
-    Scheduler::new(
-        c,
-        Arc::new(TenantLedger::new(tenant_cap)),
-        Arc::new(AdmissionLedger::new(AdmissionLimits::default())),
-    )
-}
-
-fn request(id: RequestId, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
-    EngineRequest {
-        id,
-        prompt,
-        sampling: SamplingParams {
-            spec: SampleSpec {
-                temperature: 0.0,
-                top_p: 1.0,
-                top_k: 0,
-            },
-            max_tokens,
-            ignore_eos: true,
-            ..SamplingParams::default()
-        },
-        rng_seed: id,
-        tenant: None,
-        eos_token_ids: [257].into(),
-    }
-}
+use crate::test_support::{greedy_request as request, scheduler};
 
 fn prompt(id: u64, len: usize) -> Vec<u32> {
     (0..len as u64)
