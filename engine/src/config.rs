@@ -9,7 +9,7 @@ use clap::builder::BoolishValueParser;
 
 use crate::admission::AdmissionLimits;
 use crate::backend::KvDtype;
-use crate::device::{ComputeBackend, Device};
+use crate::device::Device;
 use crate::dispatcher::DispatchPolicy;
 use crate::metrics::buckets::Buckets;
 use crate::model::{ModelError, ModelSource, ModelSpec, ResolvedModel};
@@ -615,8 +615,11 @@ pub struct EngineConfig {
     pub model: ModelSpec,
     /// Where the weights come from.
     pub source: ModelSource,
-    /// The backend the model runs on (opened while validating `--device`).
-    pub backend: ComputeBackend,
+    /// The device the model runs on (`--device`): checked for its libraries while
+    /// validating, opened only where the engine starts ([`ComputeBackend::open`]).
+    pub device: Device,
+    /// Replay CUDA decode steps from graphs (`--cuda-graphs`).
+    pub cuda_graphs: bool,
     /// `model` field clients must send, and the `model_name` label.
     pub served_model_name: String,
     /// HTTP address.
@@ -749,14 +752,6 @@ impl EngineConfig {
             (KvCacheDtype::Auto, _) => KvDtype::F32,
         };
         crate::device::check(a.device).map_err(|m| bad("device", m))?;
-        let backend = match a.device {
-            Device::Cpu => ComputeBackend::Cpu,
-            Device::Cuda => ComputeBackend::Cuda {
-                backend: crate::backend::cuda::CudaBackend::new(0)
-                    .map_err(|e| bad("device", format!("{e}; use --device cpu")))?,
-                graphs: a.cuda_graphs,
-            },
-        };
         let drain_timeout = seconds("drain-timeout", a.drain_timeout)?;
         let shutdown_delay = seconds("shutdown-delay", a.shutdown_delay)?;
         let per_token = 2 * model.num_layers * model.kv_size() * model.kv_dtype.size();
@@ -855,7 +850,8 @@ impl EngineConfig {
             http,
             model,
             source,
-            backend,
+            device: a.device,
+            cuda_graphs: a.cuda_graphs,
         })
     }
 

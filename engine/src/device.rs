@@ -32,6 +32,21 @@ pub enum ComputeBackend {
     },
 }
 
+impl ComputeBackend {
+    /// Opens `device`: for CUDA, a context on GPU 0 (`graphs`: replay decode steps from
+    /// CUDA graphs). An error says what failed and what would work.
+    pub fn open(device: Device, graphs: bool) -> Result<ComputeBackend, String> {
+        Ok(match device {
+            Device::Cpu => ComputeBackend::Cpu,
+            Device::Cuda => ComputeBackend::Cuda {
+                backend: crate::backend::cuda::CudaBackend::new(0)
+                    .map_err(|e| format!("{e}; use --device cpu"))?,
+                graphs,
+            },
+        })
+    }
+}
+
 /// Whether this machine can serve on `device`: `Err` says why not and what would work.
 pub fn check(device: Device) -> Result<(), String> {
     match device {

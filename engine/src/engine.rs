@@ -146,16 +146,17 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds the model on the configured backend and starts one thread per rank. Must be called
-    /// inside a tokio runtime (the output router is a task).
-    pub fn start(config: EngineConfig) -> Engine {
+    /// Builds the model on `backend` (the configured device, opened:
+    /// [`ComputeBackend::open`]) and starts one thread per rank. Must be called inside a
+    /// tokio runtime (the output router is a task).
+    pub fn start(config: EngineConfig, backend: ComputeBackend) -> Engine {
         if let Some(n) = config.cpu_threads {
             // Only the first engine of a process can size the global pool; later ones share it.
             let _ = rayon::ThreadPoolBuilder::new()
                 .num_threads(n)
                 .build_global();
         }
-        let (executors, tokenizer) = match &config.backend {
+        let (executors, tokenizer) = match &backend {
             ComputeBackend::Cpu => {
                 let (model, tokenizer) = build_model(&config, CpuBackend);
                 if let ModelSource::Gguf { file, .. } = &config.source

@@ -93,7 +93,16 @@ pub async fn run(
             Some(l)
         }
     };
-    let engine = Engine::start(config);
+    // The device is opened here, not while flags are read: a missing GPU is still a flag
+    // error at start (exit 2), before the ports answer.
+    let backend =
+        device::ComputeBackend::open(config.device, config.cuda_graphs).map_err(|message| {
+            config::ConfigError {
+                flag: "device",
+                message,
+            }
+        })?;
+    let engine = Engine::start(config, backend);
     // Printed (not logged) so a parent process can read the ports it was given; the HTTP
     // line comes last and means "ready".
     let (stop_control, control_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -6,6 +6,7 @@
 
 mod common;
 
+use ballast_engine::device::ComputeBackend;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -196,14 +197,17 @@ fn events(body: &str) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes_streams() {
     let delay = Duration::from_millis(2500);
-    let engine = Engine::start(config(&[
-        "--model",
-        "synthetic:small",
-        "--max-model-len",
-        "4096",
-        "--shutdown-delay",
-        "2.5",
-    ]));
+    let engine = Engine::start(
+        config(&[
+            "--model",
+            "synthetic:small",
+            "--max-model-len",
+            "4096",
+            "--shutdown-delay",
+            "2.5",
+        ]),
+        ComputeBackend::Cpu,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (signal, signalled) = tokio::sync::oneshot::channel::<()>();
@@ -355,7 +359,7 @@ async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shutdown_only_moves_forward_and_resume_cannot_undo_its_drain() {
-    let engine = Engine::start(config(&[]));
+    let engine = Engine::start(config(&[]), ComputeBackend::Cpu);
     assert_eq!(engine.shutdown_phase(), ShutdownPhase::Running);
     engine.advance_shutdown(ShutdownPhase::Delaying);
     assert_eq!(engine.shutdown_phase(), ShutdownPhase::Delaying);

@@ -1,6 +1,7 @@
 //! An engine served on a loopback port inside the test process, and small HTTP helpers.
 #![allow(dead_code)]
 
+use ballast_engine::device::ComputeBackend;
 use std::time::{Duration, Instant};
 
 use ballast_engine::{Engine, EngineArgs, EngineConfig};
@@ -29,7 +30,7 @@ pub fn config(flags: &[&str]) -> EngineConfig {
 
 /// Starts an engine with `ballast engine` flags on 127.0.0.1:0.
 pub async fn start(flags: &[&str]) -> TestServer {
-    serve(Engine::start(config(flags))).await
+    serve(Engine::start(config(flags), ComputeBackend::Cpu)).await
 }
 
 /// Serves an already started engine on 127.0.0.1:0.
