@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::engine::{Log, client, spawn_engine as spawn, wait_exit};
+use common::engine::{Log, client, fresh_client, spawn_engine as spawn, wait_exit};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -78,10 +78,12 @@ async fn sigterm_drains_in_flight_requests_then_exits_zero() {
             .unwrap()
             .success()
     );
-    // Draining: new requests are refused with 503 while the first one finishes.
+    // Draining: new requests are refused with 503 while the first one finishes. Each on a
+    // connection of its own (no shutdown delay here: see `fresh_client`).
+    let late = fresh_client();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = c
+        let r = late
             .post(format!("{}/v1/completions", engine.base))
             .json(&json!({"prompt": "late", "max_tokens": 1}))
             .send()

@@ -265,6 +265,15 @@ impl Shared {
             conn.flag(flag);
         }
     }
+
+    /// Flags the connections that have served a request.
+    fn flag_served(&self, flag: u8) {
+        for conn in self.registry().conns.values() {
+            if conn.served.load(Ordering::Acquire) {
+                conn.flag(flag);
+            }
+        }
+    }
 }
 
 /// The server: its accept loop runs until [`Connections::stop`].
@@ -337,11 +346,13 @@ impl Connections {
         self.shared.registry().conns.len()
     }
 
-    /// Closes the connections open now once their response in progress is sent: idle
-    /// ones at once, HTTP/2 ones with a GOAWAY. Connections accepted later are served
-    /// as usual.
+    /// Closes the connections open now that have served a request, once their response
+    /// in progress is sent: idle ones at once, HTTP/2 ones with a GOAWAY. A connection
+    /// still on its first request is left to be answered (a client that just connected
+    /// has sent, or is sending, a request it expects an answer to; the header timeout
+    /// bounds it), as are connections accepted later.
     pub fn close_open(&self) {
-        self.shared.flag_all(GRACEFUL);
+        self.shared.flag_served(GRACEFUL);
     }
 
     /// Stops accepting (the port closes), closes every connection gracefully and waits up
@@ -866,5 +877,41 @@ mod tests {
         conns[&3].active.store(2, Ordering::Release);
         conns[&1].active.store(1, Ordering::Release);
         assert!(choose_victim(conns.iter()).is_none(), "every one answering");
+    }
+
+    #[tokio::test]
+    async fn close_open_closes_served_idle_connections_and_answers_new_ones() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let server = Connections::start(listener, app, &HttpLimits::default());
+        let get = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        // `served`: one request answered, then idle on keep-alive.
+        let mut served = TcpStream::connect(addr).await.unwrap();
+        served.write_all(get).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = served.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        // `fresh`: connected, its request not sent yet.
+        let mut fresh = TcpStream::connect(addr).await.unwrap();
+        while server.open() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        server.close_open();
+        let closed = tokio::time::timeout(Duration::from_secs(2), served.read(&mut buf)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "the served, idle connection is closed"
+        );
+        // The fresh one still gets its answer.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        fresh.write_all(get).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(2), fresh.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        server.stop(Duration::from_secs(1)).await.unwrap();
     }
 }

@@ -93,3 +93,15 @@ pub fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()
 }
+
+/// An HTTP client that keeps no idle connection: each request opens its own. What a test
+/// of a draining server needs, which closes idle keep-alive connections: a request sent on
+/// one at that moment is lost on the wire, a race of HTTP/1.1 keep-alive that real clients
+/// avoid with the shutdown delay's `Connection: close`, not something the server can fix.
+pub fn fresh_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("a client")
+}
