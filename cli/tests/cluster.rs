@@ -586,8 +586,8 @@ fn ballast_on_a_real_cluster() {
         .build()
         .unwrap()
         .block_on(async {
-            use ballast_engine::control::proto::engine_control_client::EngineControlClient;
-            use ballast_engine::control::proto::{DrainRequest, GetStatsRequest};
+            use ballast_engine::api::control::proto::engine_control_client::EngineControlClient;
+            use ballast_engine::api::control::proto::{DrainRequest, GetStatsRequest};
             use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
             let plain = async {
                 let mut c = EngineControlClient::connect(format!("http://{pod_ip}:9000")).await?;

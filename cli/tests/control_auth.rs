@@ -12,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ballast_engine::control::proto::engine_control_client::EngineControlClient;
-use ballast_engine::control::proto::{DrainRequest, GetStatsRequest};
+use ballast_engine::api::control::proto::engine_control_client::EngineControlClient;
+use ballast_engine::api::control::proto::{DrainRequest, GetStatsRequest};
 use ballast_operator::control::{ControlClients, ControlTokens, address, result_label};
 use common::engine::wait_exit;
 

@@ -172,8 +172,8 @@ fn bench_against_a_live_engine_reports_every_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_control_port_is_announced_and_serves() {
-    use ballast_engine::control::proto::GetStatsRequest;
-    use ballast_engine::control::proto::engine_control_client::EngineControlClient;
+    use ballast_engine::api::control::proto::GetStatsRequest;
+    use ballast_engine::api::control::proto::engine_control_client::EngineControlClient;
     let free = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

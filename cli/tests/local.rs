@@ -377,8 +377,8 @@ fn a_hung_replica_is_replaced_and_the_control_loop_goes_on() {
 /// the operator's back, as here through its control API) is taken out and replaced.
 #[test]
 fn a_replica_answering_503_is_replaced() {
-    use ballast_engine::control::proto::DrainRequest;
-    use ballast_engine::control::proto::engine_control_client::EngineControlClient;
+    use ballast_engine::api::control::proto::DrainRequest;
+    use ballast_engine::api::control::proto::engine_control_client::EngineControlClient;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let local = start(&FLEET.replace("minReplicas: 1", "minReplicas: 2"));
     local.wait_status("chat", Duration::from_secs(30), "two ready replicas", |s| {
@@ -466,14 +466,14 @@ fn requests_at_start_up_wait_for_the_first_replica() {
 fn the_router_body_limit_is_the_engines() {
     assert_eq!(
         ballast_operator::local::router::MAX_BODY_BYTES,
-        ballast_engine::server::MAX_BODY_BYTES
+        ballast_engine::api::http::MAX_BODY_BYTES
     );
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let local = start(FLEET);
     local.wait_status("chat", Duration::from_secs(30), "one ready replica", |s| {
         s["readyReplicas"] == 1
     });
-    let limit = ballast_engine::server::MAX_BODY_BYTES;
+    let limit = ballast_engine::api::http::MAX_BODY_BYTES;
     let body = |len: usize| {
         let prompt = "x".repeat(len - 40);
         format!(r#"{{"prompt":"{prompt}","max_tokens":1}}"#)

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use ballast_engine::backend::cpu::{CpuBackend, CpuTensor, MatmulKernel};
+use ballast_engine::compute::backend::cpu::{CpuBackend, CpuTensor, MatmulKernel};
 use ballast_rng::SplitMix64;
 
 fn random(rows: usize, cols: usize, rng: &mut SplitMix64) -> CpuTensor {

@@ -10,15 +10,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ballast_engine::dp::DpBalance;
-use ballast_engine::events::{FinishReason, SchedulerSnapshot, StepCounters};
-use ballast_engine::kv::{PoolCounts, PrefixCacheStats, ResidencySample};
-use ballast_engine::metrics::buckets::Buckets;
-use ballast_engine::metrics::{EngineMetrics, MetricsConfig};
-use ballast_engine::model::ModelSpec;
-use ballast_engine::stats::flops::FlopsModel;
-use ballast_engine::stats::timeline::FinishedRequestStats;
-use ballast_engine::stats::{IterationStats, PrometheusLogger, StatLogger, StepStats};
+use ballast_engine::compute::model::ModelSpec;
+use ballast_engine::config::buckets::Buckets;
+use ballast_engine::runtime::dp::DpBalance;
+use ballast_engine::runtime::kv::{PoolCounts, PrefixCacheStats, ResidencySample};
+use ballast_engine::step::events::{FinishReason, SchedulerSnapshot, StepCounters};
+use ballast_engine::telemetry::metrics::{EngineMetrics, MetricsConfig};
+use ballast_engine::telemetry::stats::flops::FlopsModel;
+use ballast_engine::telemetry::stats::timeline::FinishedRequestStats;
+use ballast_engine::telemetry::stats::{IterationStats, PrometheusLogger, StatLogger, StepStats};
 use ballast_rng::SplitMix64;
 
 const RANKS: usize = 8;

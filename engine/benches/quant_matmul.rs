@@ -10,8 +10,8 @@
 
 use std::time::Instant;
 
-use ballast_engine::backend::cpu::{CpuBackend, CpuTensor, MatmulKernel};
-use ballast_engine::backend::quant::{self, BLOCK, QuantFormat, QuantKernel, QuantMatrix};
+use ballast_engine::compute::backend::cpu::{CpuBackend, CpuTensor, MatmulKernel};
+use ballast_engine::compute::backend::quant::{self, BLOCK, QuantFormat, QuantKernel, QuantMatrix};
 use ballast_rng::SplitMix64;
 
 fn random(rows: usize, cols: usize, rng: &mut SplitMix64) -> CpuTensor {

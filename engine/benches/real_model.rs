@@ -9,9 +9,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, KvDtype, StepMetadata};
-use ballast_engine::model::{
+use ballast_engine::compute::backend::cpu::CpuBackend;
+use ballast_engine::compute::backend::{Backend, KvDtype, StepMetadata};
+use ballast_engine::compute::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
 };
 use rayon::prelude::*;
@@ -107,7 +107,7 @@ fn main() {
     println!("threads            {}", rayon::current_num_threads());
     println!(
         "int8 kernel        {}",
-        ballast_engine::backend::quant::int8_kernel_name()
+        ballast_engine::compute::backend::quant::int8_kernel_name()
     );
     println!("kv cache           {}", model.spec.kv_dtype.name());
     println!("weights per step   {:.1} MB", weight_bytes as f64 / 1e6);

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-use ballast_engine::model::gguf::{GgufFile, MetaValue};
+use ballast_engine::compute::model::gguf::{GgufFile, MetaValue};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

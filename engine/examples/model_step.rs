@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, StepMetadata};
-use ballast_engine::model::{LlamaModel, LlamaWeights, ModelSource, ResolvedModel};
+use ballast_engine::compute::backend::cpu::CpuBackend;
+use ballast_engine::compute::backend::{Backend, StepMetadata};
+use ballast_engine::compute::model::{LlamaModel, LlamaWeights, ModelSource, ResolvedModel};
 
 fn main() {
     let mut args = std::env::args().skip(1);

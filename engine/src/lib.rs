@@ -1,39 +1,23 @@
 //! The Ballast inference engine.
 //!
-//! A request enters through the OpenAI-compatible HTTP frontend ([`server`]), passes the
-//! front-door [`admission`] check, is assigned a data-parallel rank by the [`dispatcher`], and
-//! is scheduled by that rank's [`scheduler`] over a paged KV cache with prefix caching
-//! ([`kv`]). Each rank steps the [`model`] on a [`backend`]; the step loop records events and
-//! snapshots that the output side turns into responses and statistics.
+//! A request enters through the front door ([`api`]: the OpenAI-compatible HTTP API and the
+//! gRPC control API), is admitted, given a data-parallel rank and scheduled over a paged KV
+//! cache with prefix caching by the [`runtime`]. Each rank steps the model on a backend
+//! ([`compute`]); what a step records is spoken in [`step`]'s vocabulary and turned into
+//! `/metrics`, log lines and traces by [`telemetry`]. [`config`] is what the flags mean.
+//!
+//! The rooms depend in one direction only, checked by `cli/tests/architecture.rs`:
+//! `api` → `runtime` → `telemetry` → `config` → `compute` → `step`.
 
-pub mod admission;
-pub mod backend;
+pub mod api;
+pub mod compute;
 pub mod config;
-pub mod control;
-pub mod control_tls;
-pub mod core;
-pub mod device;
-pub mod dispatcher;
-pub mod dp;
-pub mod engine;
-pub mod events;
-pub mod executor;
-pub mod kv;
-pub mod metrics;
-pub mod model;
-pub mod output;
-pub mod sampling;
-pub mod scheduler;
-pub mod tenants;
-pub mod test_support;
-pub mod text;
-pub mod tokenizer;
+pub mod runtime;
+pub mod step;
+pub mod telemetry;
 
 pub use config::{EngineArgs, EngineConfig};
-pub use engine::{Engine, RequestStream, Submission, SubmitError};
-pub mod server;
-pub mod spans;
-pub mod stats;
+pub use runtime::engine::{Engine, RequestStream, Submission, SubmitError};
 
 /// Why `ballast engine` stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -95,12 +79,10 @@ pub async fn run(
     };
     // The device is opened here, not while flags are read: a missing GPU is still a flag
     // error at start (exit 2), before the ports answer.
-    let backend =
-        device::ComputeBackend::open(config.device, config.cuda_graphs).map_err(|message| {
-            config::ConfigError {
-                flag: "device",
-                message,
-            }
+    let backend = compute::device::ComputeBackend::open(config.device, config.cuda_graphs)
+        .map_err(|message| config::ConfigError {
+            flag: "device",
+            message,
         })?;
     let engine = Engine::start(config, backend);
     // Printed (not logged) so a parent process can read the ports it was given; the HTTP
@@ -110,7 +92,7 @@ pub async fn run(
         Some(l) => {
             let tls = match &engine.config().control_tls {
                 Some(files) => Some(
-                    control_tls::ControlTls::new(files.clone())
+                    api::control_tls::ControlTls::new(files.clone())
                         .map_err(|e| std::io::Error::other(format!("--control-tls-cert: {e}")))?,
                 ),
                 None => None,
@@ -120,7 +102,7 @@ pub async fn run(
                 if tls.is_some() { "https" } else { "http" },
                 l.local_addr()?
             );
-            let service = control::ControlService::server(engine.clone());
+            let service = api::control::ControlService::server(engine.clone());
             let router = tonic::transport::Server::builder().add_service(service);
             let stopped = async {
                 let _ = control_stopped.await;
@@ -141,7 +123,7 @@ pub async fn run(
         None => None,
     };
     println!("ballast engine listening on http://{local}");
-    server::serve(engine, listener, shutdown).await?;
+    api::http::serve(engine, listener, shutdown).await?;
     let _ = stop_control.send(());
     if let Some(task) = control_task {
         let _ = task.await;

@@ -4,9 +4,9 @@ mod common;
 
 use std::time::Duration;
 
-use ballast_engine::control::ControlService;
-use ballast_engine::control::proto::engine_control_client::EngineControlClient;
-use ballast_engine::control::proto::{
+use ballast_engine::api::control::ControlService;
+use ballast_engine::api::control::proto::engine_control_client::EngineControlClient;
+use ballast_engine::api::control::proto::{
     DrainRequest, GetStatsRequest, ResetPrefixCacheRequest, ResumeRequest, SetDpWeightsRequest,
     StreamStatsRequest,
 };
@@ -191,7 +191,7 @@ async fn a_control_token_file_guards_every_call_and_rotates_without_a_restart() 
 
     let refused = |r: Result<tonic::Response<_>, tonic::Status>| {
         let status = r
-            .map(|_: tonic::Response<ballast_engine::control::proto::DrainResponse>| ())
+            .map(|_: tonic::Response<ballast_engine::api::control::proto::DrainResponse>| ())
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
         assert!(!status.message().contains(OLD) && !status.message().contains(NEW));

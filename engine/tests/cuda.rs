@@ -5,14 +5,14 @@
 //! `kernels/device-check.sh`. They have been compiled on machines without a GPU and have not
 //! run yet.
 
-use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::cuda::{CudaBackend, GraphExecutor};
-use ballast_engine::backend::{
+use ballast_engine::compute::backend::cpu::CpuBackend;
+use ballast_engine::compute::backend::cuda::{CudaBackend, GraphExecutor};
+use ballast_engine::compute::backend::{
     Backend, HostWeight, KvDtype, KvLayout, RopeStyle, SeqSlice, StepMetadata,
 };
-use ballast_engine::executor::{Executor, ModelExecutor};
-use ballast_engine::model::{LlamaModel, ModelSpec, WeightDtype};
-use ballast_engine::sampling::{SampleSpec, SamplingSlot};
+use ballast_engine::compute::model::{LlamaModel, ModelSpec, WeightDtype};
+use ballast_engine::compute::sampling::{SampleSpec, SamplingSlot};
+use ballast_engine::runtime::executor::{Executor, ModelExecutor};
 use ballast_rng::SplitMix64;
 
 const BLOCK: u32 = 16;

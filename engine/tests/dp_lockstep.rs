@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ballast_engine::admission::{AdmissionLedger, AdmissionLimits};
-use ballast_engine::core::{RankCommand, RankWorker, StepOutput};
-use ballast_engine::dp::DpGroup;
-use ballast_engine::executor::NoopExecutor;
-use ballast_engine::scheduler::{EngineRequest, Scheduler, SchedulerConfig};
-use ballast_engine::tenants::TenantLedger;
-use ballast_engine::test_support::greedy_request;
+use ballast_engine::runtime::admission::{AdmissionLedger, AdmissionLimits};
+use ballast_engine::runtime::core::{RankCommand, RankWorker, StepOutput};
+use ballast_engine::runtime::dp::DpGroup;
+use ballast_engine::runtime::executor::NoopExecutor;
+use ballast_engine::runtime::scheduler::{EngineRequest, Scheduler, SchedulerConfig};
+use ballast_engine::runtime::tenants::TenantLedger;
+use ballast_engine::runtime::test_support::greedy_request;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn request(id: u64, prompt_len: usize, max_tokens: u32) -> EngineRequest {
@@ -19,7 +19,7 @@ fn request(id: u64, prompt_len: usize, max_tokens: u32) -> EngineRequest {
 
 struct Group {
     inboxes: Vec<std::sync::mpsc::Sender<RankCommand>>,
-    group: Arc<DpGroup<ballast_engine::core::GatherMsg>>,
+    group: Arc<DpGroup<ballast_engine::runtime::core::GatherMsg>>,
     outputs: UnboundedReceiver<StepOutput>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }

@@ -389,9 +389,9 @@ async fn metrics_exposition_has_per_rank_series() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_rank_ends_requests_and_turns_health_red() {
-    use ballast_engine::backend::StepMetadata;
-    use ballast_engine::executor::{Executor, NoopExecutor};
-    use ballast_engine::sampling::SamplingSlot;
+    use ballast_engine::compute::backend::StepMetadata;
+    use ballast_engine::compute::sampling::SamplingSlot;
+    use ballast_engine::runtime::executor::{Executor, NoopExecutor};
 
     /// Works for a few steps, then fails like a device error would.
     struct FailsAt(usize);
@@ -413,7 +413,7 @@ async fn a_failing_rank_ends_requests_and_turns_health_red() {
     let engine = ballast_engine::Engine::start_with(
         cfg,
         executors,
-        std::sync::Arc::new(ballast_engine::tokenizer::ByteTokenizer),
+        std::sync::Arc::new(ballast_engine::compute::tokenizer::ByteTokenizer),
     );
     let s = serve(engine).await;
     // One request per rank; both must end although only rank 0 failed.

@@ -16,9 +16,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, KvDtype, StepMetadata};
-use ballast_engine::model::{
+use ballast_engine::compute::backend::cpu::CpuBackend;
+use ballast_engine::compute::backend::{Backend, KvDtype, StepMetadata};
+use ballast_engine::compute::model::{
     LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
 };
 use serde_json::Value;

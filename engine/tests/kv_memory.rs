@@ -1,8 +1,8 @@
 //! A KV cache pool costs address space, not memory, until blocks fill: a 256 MiB default
 //! pool must not be resident at start (its own process, so no other test allocates).
 
-use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, KvDtype, KvLayout};
+use ballast_engine::compute::backend::cpu::CpuBackend;
+use ballast_engine::compute::backend::{Backend, KvDtype, KvLayout};
 
 /// This process's anonymous resident memory, in bytes.
 fn rss_anon() -> Option<usize> {

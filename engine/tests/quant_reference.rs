@@ -15,10 +15,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ballast_engine::backend::cpu::CpuTensor;
-use ballast_engine::backend::quant::{self, QuantFormat, QuantKernel, QuantMatrix, SharedBytes};
-use ballast_engine::model::gguf::{GgmlType, GgufFile, dequantize};
-use ballast_engine::model::model_cache_dir;
+use ballast_engine::compute::backend::cpu::CpuTensor;
+use ballast_engine::compute::backend::quant::{
+    self, QuantFormat, QuantKernel, QuantMatrix, SharedBytes,
+};
+use ballast_engine::compute::model::gguf::{GgmlType, GgufFile, dequantize};
+use ballast_engine::compute::model::model_cache_dir;
 use ballast_rng::SplitMix64;
 use serde_json::Value;
 

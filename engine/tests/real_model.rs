@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use ballast_engine::backend::cpu::CpuBackend;
-use ballast_engine::backend::{Backend, KvDtype, StepMetadata};
-use ballast_engine::model::{
+use ballast_engine::compute::backend::cpu::CpuBackend;
+use ballast_engine::compute::backend::{Backend, KvDtype, StepMetadata};
+use ballast_engine::compute::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, cached_model_or_skip,
 };
 use serde_json::{Value, json};

@@ -6,12 +6,12 @@
 
 mod common;
 
-use ballast_engine::device::ComputeBackend;
+use ballast_engine::compute::device::ComputeBackend;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ballast_engine::Engine;
-use ballast_engine::engine::ShutdownPhase;
+use ballast_engine::runtime::engine::ShutdownPhase;
 use common::config;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -211,7 +211,7 @@ async fn the_shutdown_delay_serves_with_connection_close_then_the_drain_finishes
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (signal, signalled) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(ballast_engine::server::serve(
+    let server = tokio::spawn(ballast_engine::api::http::serve(
         engine.clone(),
         listener,
         async move {

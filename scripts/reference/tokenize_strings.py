@@ -4,7 +4,7 @@
 Loads the default real model's vocabulary with llama-cpp-python (vocab_only, no weights) and
 records `tokenize(text.encode(), add_bos=False, special=True)` for each string below into
 engine/tests/fixtures/smollm2_tokens.json, which the engine's tokenizer tests compare against
-id for id (engine/src/tokenizer/tests.rs).
+id for id (engine/src/compute/tokenizer/tests.rs).
 
     pip install llama-cpp-python==0.3.36          # builds llama.cpp from source
     scripts/fetch-model.sh                         # caches the GGUF file

@@ -1,7 +1,7 @@
 //! An engine served on a loopback port inside the test process, and small HTTP helpers.
 #![allow(dead_code)]
 
-use ballast_engine::device::ComputeBackend;
+use ballast_engine::compute::device::ComputeBackend;
 use std::time::{Duration, Instant};
 
 use ballast_engine::{Engine, EngineArgs, EngineConfig};
@@ -38,7 +38,7 @@ pub async fn serve(engine: Engine) -> TestServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = ballast_engine::server::router(engine.clone());
+    let app = ballast_engine::api::http::router(engine.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
     TestServer {
         base,

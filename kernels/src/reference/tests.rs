@@ -1,11 +1,11 @@
 //! Each reference against the engine's CPU backend op it stands for, on random input.
 
 use super::*;
-use ballast_engine::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
-use ballast_engine::backend::{
+use ballast_engine::compute::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
+use ballast_engine::compute::backend::{
     Backend, HostWeight, KvDtype, KvLayout, RopeStyle, SeqSlice, StepMetadata,
 };
-use ballast_engine::sampling::{SampleSpec, sample_row as engine_sample_row};
+use ballast_engine::compute::sampling::{SampleSpec, sample_row as engine_sample_row};
 use ballast_rng::SplitMix64;
 
 fn random(n: usize, rng: &mut SplitMix64) -> Vec<f32> {
@@ -348,7 +348,11 @@ fn argmax_reference_equals_the_engine() {
     for row in rows {
         let mut out = [u32::MAX];
         argmax_f32(row, &mut out, row.len());
-        assert_eq!(out[0], ballast_engine::sampling::argmax(row), "{row:?}");
+        assert_eq!(
+            out[0],
+            ballast_engine::compute::sampling::argmax(row),
+            "{row:?}"
+        );
     }
 }
 
@@ -438,7 +442,7 @@ fn bf16_rounding_equals_the_engines() {
     for v in values {
         assert_eq!(
             f32_to_bf16(v),
-            ballast_engine::backend::bf16_round(v),
+            ballast_engine::compute::backend::bf16_round(v),
             "{v:e} ({:#010x})",
             v.to_bits()
         );

@@ -47,7 +47,7 @@ pub const LIMITS: ballast_serve::HttpLimits = ballast_serve::HttpLimits {
 };
 
 /// Largest request body the router accepts: the engine's own limit
-/// (`ballast_engine::server::MAX_BODY_BYTES`, held equal by a test), so the router never
+/// (`ballast_engine::api::http::MAX_BODY_BYTES`, held equal by a test), so the router never
 /// refuses what a replica would take, nor forwards what it would refuse.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
 
