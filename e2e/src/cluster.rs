@@ -159,6 +159,11 @@ pub fn issue(pki: &Path, name: &str, subject: &str, ext: &str) -> Result<(), Str
     o(&args)
 }
 
+/// The cluster's Service range (`--service-cluster-ip-range`). The node routes it onto its
+/// bridge so a cluster IP that kube-proxy has not translated (yet) never leaves the machine
+/// by the default route, as `../shared/k8s/up.sh` does.
+pub const SERVICE_RANGE: &str = "10.96.0.0/16";
+
 /// v3 extensions of a client certificate.
 pub(crate) const CLIENT_EXT: &str = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n";
 
@@ -299,7 +304,7 @@ impl ControlPlane {
                 .args(["--api-audiences", "https://kubernetes.default.svc"])
                 .args(["--service-account-key-file", &p("sa.pub")])
                 .args(["--service-account-signing-key-file", &p("sa.key")])
-                .args(["--service-cluster-ip-range", crate::node::SERVICE_RANGE])
+                .args(["--service-cluster-ip-range", SERVICE_RANGE])
                 .args(["--audit-policy-file", &audit_policy])
                 .args(["--audit-log-path", &audit_log, "--audit-log-format", "json"])
                 .args(["--audit-log-maxsize", "0", "--audit-log-mode", "blocking"])

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::cluster::{CLIENT_EXT, ControlPlane, issue, kubeconfig};
+use crate::cluster::{CLIENT_EXT, ControlPlane, SERVICE_RANGE, issue, kubeconfig};
 use crate::process::{free_port, run, spawn_logged, stop_child};
 
 /// The node's name.
@@ -30,11 +30,6 @@ pub const NODE_NAME: &str = "e2e-node";
 
 /// The bridge the pods' interfaces join, with the pod network's gateway address.
 const BRIDGE: &str = "ballast-e2e";
-
-/// The cluster's Service range (`--service-cluster-ip-range`), routed onto the bridge so
-/// a cluster IP that kube-proxy has not translated (yet) never leaves the machine by the
-/// default route, as `../shared/k8s/up.sh` does.
-pub const SERVICE_RANGE: &str = "10.96.0.0/16";
 
 /// The sandbox image the kubelet of v1.28 asks for.
 const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";

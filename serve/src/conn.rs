@@ -49,8 +49,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
-use crate::HttpLimits;
 use crate::files::{effective_cap, open_files_limit};
+use crate::limits::HttpLimits;
 
 /// Largest request head (request line and headers; HTTP/1 answers 431 beyond it, as
 /// hyper does when its read buffer is full). Real heads are well under 8 KiB; 32 KiB

@@ -39,6 +39,7 @@
 #![warn(missing_docs)]
 
 mod behavior;
+mod ctx;
 mod dp;
 mod explain;
 mod history;
@@ -51,7 +52,7 @@ mod scale;
 
 use std::time::Duration;
 
-use ballast_crds::{Action, ResolvedBehavior, Signals};
+use ballast_crds::Action;
 
 pub use history::{History, HistoryUpdate, ScaleEvent, TimedRecommendation};
 pub use input::{DecideInput, SignalName};
@@ -60,6 +61,7 @@ pub use outcome::{
     SignalState,
 };
 
+use ctx::Ctx;
 use explain::list;
 use observe::{Health, Observation, Observed};
 use scale::{ScaleStep, autoscale, follow_spec, into_range, metrics_problem};
@@ -169,23 +171,6 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
         rebalance: rb.plan,
         history: history_update,
     }
-}
-
-/// Everything the steps share.
-struct Ctx<'a> {
-    input: &'a DecideInput,
-    history: &'a History,
-    now: Duration,
-    current: i32,
-    min: i32,
-    max: i32,
-    /// History's recommendations plus the seed, if any.
-    past: &'a [TimedRecommendation],
-    /// `spec.autoscaling.behavior` with HPA's defaults filled in.
-    behavior: &'a ResolvedBehavior,
-    health: Health,
-    observations: &'a [Observation],
-    signals: &'a Signals,
 }
 
 /// The MetricsAvailable condition.

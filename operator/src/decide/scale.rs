@@ -3,10 +3,11 @@
 //! largest wins, stabilise, rate-limit, clamp) and say why in one line.
 
 use super::behavior::{self, Bounds, Cap};
+use super::ctx::Ctx;
 use super::explain::{self, list, num};
 use super::hpa::{self, Pods};
 use super::observe::{self, Health, Observed};
-use super::{ConditionKind, ConditionUpdate, Ctx, Reason, SignalName};
+use super::{ConditionKind, ConditionUpdate, Reason, SignalName};
 
 /// The scaling half of a decision.
 pub(super) struct ScaleStep {

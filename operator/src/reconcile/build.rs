@@ -64,10 +64,7 @@ pub const CONTROL_TOKEN_FILE_ENV: &str = "BALLAST_CONTROL_TOKEN_FILE";
 /// control API's serving pair; never the CA key).
 pub const CONTROL_TOKEN_DIR: &str = "/var/run/ballast/control";
 
-/// The variables `ballast engine --control-tls-cert` and `--control-tls-key` read.
-pub const CONTROL_TLS_CERT_ENV: &str = "BALLAST_CONTROL_TLS_CERT";
-/// See [`CONTROL_TLS_CERT_ENV`].
-pub const CONTROL_TLS_KEY_ENV: &str = "BALLAST_CONTROL_TLS_KEY";
+pub use super::names::{CONTROL_TLS_CERT_ENV, CONTROL_TLS_KEY_ENV};
 
 /// The variable `ballast engine --api-key-file` reads.
 pub const API_KEY_FILE_ENV: &str = "BALLAST_API_KEY_FILE";

@@ -32,3 +32,16 @@ pub fn service_monitor_resource() -> ApiResource {
 pub fn owned_selector() -> String {
     format!("{}={}", crate::labels::MANAGED_BY, crate::labels::OPERATOR)
 }
+
+/// The control-token Secret's key, and the file name engines read it from.
+pub const TOKEN_KEY: &str = "token";
+
+/// The name of a service's token Secret.
+pub fn secret_name(service: &str) -> String {
+    format!("{service}-control-token")
+}
+
+/// The variables `ballast engine --control-tls-cert` and `--control-tls-key` read.
+pub const CONTROL_TLS_CERT_ENV: &str = "BALLAST_CONTROL_TLS_CERT";
+/// See [`CONTROL_TLS_CERT_ENV`].
+pub const CONTROL_TLS_KEY_ENV: &str = "BALLAST_CONTROL_TLS_KEY";

@@ -26,9 +26,10 @@ use kube::{Api, Client, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::cache::{Cache, Stores, owned_watch, reflect};
+use super::context::{Config, Context};
 use super::leader::Elector;
+use super::pipeline::{error_policy, reconcile};
 use super::snapshot::PodView;
-use super::{Config, Context, error_policy, reconcile};
 use crate::metrics::OperatorMetrics;
 use crate::metrics_api::server::{self, MetricsApiArgs, StartError};
 use crate::metrics_api::values::Board;

@@ -38,8 +38,7 @@ use crate::control::{ControlTokens, ControlTrust, fresh_token};
 use crate::labels;
 use crate::metrics_api::certs::{self, Pem, Renewal};
 
-/// The Secret's key, and the file name engines read it from.
-pub const TOKEN_KEY: &str = "token";
+pub use super::names::{TOKEN_KEY, secret_name};
 
 /// The InferenceService annotation that asks for a new control token: each new value
 /// rotates once.
@@ -55,11 +54,6 @@ pub const ROTATED_AT_ANNOTATION: &str = "ballast.dev/rotated-at";
 /// and long enough for the kubelet to refresh every pod's mounted copy of the Secret (its
 /// sync period plus its cache's time to live, about a minute with the defaults).
 pub const ROTATION_GRACE: Duration = Duration::from_secs(120);
-
-/// The name of a service's token Secret.
-pub fn secret_name(service: &str) -> String {
-    format!("{service}-control-token")
-}
 
 /// The DNS name in a service's control-API certificate, which the operator checks (it
 /// dials pods by IP, so no address could be checked). Never resolved.

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::ScrapeKey;
 use super::error::ScrapeError;
+use super::key::ScrapeKey;
 
 /// Longest response head (status line and headers) accepted.
 const MAX_HEAD: usize = 64 * 1024;
