@@ -230,3 +230,157 @@ fn broken_blocks_are_reported() {
         doc_modules("").problems
     );
 }
+
+#[path = "architecture/imports.rs"]
+mod imports;
+
+#[test]
+fn no_crate_has_an_import_circle() {
+    let root = repo_root();
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).expect("the root Cargo.toml");
+    let mut found = Vec::new();
+    let mut modules = 0;
+    for member in members(&cargo) {
+        let sources = imports::crate_sources(&root, &member);
+        modules += sources.len();
+        for circle in imports::circles(&imports::import_graph(&sources)) {
+            found.push(format!("{member}: {circle}"));
+        }
+    }
+    assert!(modules > 100, "read only {modules} modules");
+    assert!(
+        found.is_empty(),
+        "import circles (docs/architecture.md says which way each arrow goes):\n{}",
+        found.join("\n")
+    );
+}
+
+/// An in-memory crate: (module path, is a folder, source).
+fn sources(
+    files: &[(&str, bool, &str)],
+) -> std::collections::BTreeMap<imports::ModPath, imports::Source> {
+    files
+        .iter()
+        .map(|(path, is_dir, text)| {
+            let path = path
+                .split("::")
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect();
+            let source = imports::Source {
+                is_dir: *is_dir,
+                text: imports::clean(text),
+            };
+            (path, source)
+        })
+        .collect()
+}
+
+#[test]
+fn a_circle_through_a_reexport_is_named_with_its_paths() {
+    let crate_ = sources(&[
+        ("", true, "pub mod a;\npub mod b;\n"),
+        ("a", false, "use crate::b::Thing;\npub struct Local;\n"),
+        (
+            "b",
+            true,
+            "mod inner;\npub use inner::Other;\npub struct Thing;\n",
+        ),
+        ("b::inner", false, "pub struct Other(crate::a::Local);\n"),
+    ]);
+    let circles = imports::circles(&imports::import_graph(&crate_));
+    let all = circles.join("\n");
+    assert!(
+        all.contains(
+            "between files: a → b (`crate::b::Thing`) → b::inner (`inner::Other`) \
+             → a (`crate::a::Local`)"
+        ),
+        "{all}"
+    );
+    assert!(
+        all.contains(
+            "between the parts of (root): a → b (a: `crate::b::Thing`) \
+             → a (b::inner: `crate::a::Local`)"
+        ),
+        "{all}"
+    );
+}
+
+#[test]
+fn reexports_comments_strings_and_test_modules_make_no_circle() {
+    let crate_ = sources(&[
+        ("", true, "pub mod a;\npub mod b;\n"),
+        // The folder re-exports its children; a child names a sibling through it.
+        (
+            "a",
+            true,
+            "mod x;\nmod y;\npub use x::X;\npub(crate) use y::{Y as Why, self};\n",
+        ),
+        ("a::x", false, "pub struct X;\n"),
+        ("a::y", false, "use super::X;\npub struct Y(X);\n"),
+        (
+            "b",
+            false,
+            "// crate::a::nothing\nconst S: &str = \"crate::a::X\";\n\
+             use crate::a::Why;\n\
+             #[cfg(test)]\nmod tests {\n    use crate::b::*;\n    fn f() { crate::a::x::X; }\n}\n",
+        ),
+    ]);
+    let graph = imports::import_graph(&crate_);
+    let circles = imports::circles(&graph);
+    assert!(circles.is_empty(), "{circles:?}");
+    // The arrows that are there were seen, through the re-exports to where things live.
+    let targets = |m: &[&str]| -> Vec<String> {
+        let m: Vec<String> = m.iter().map(|s| s.to_string()).collect();
+        graph[&m].keys().map(|k| k.join("::")).collect()
+    };
+    assert_eq!(targets(&["a", "y"]), ["a::x"]);
+    assert_eq!(targets(&["b"]), ["a::y"]);
+    assert_eq!(targets(&["a"]), ["a::x", "a::y"]);
+}
+
+/// The engine's rooms, in the order docs/architecture.md draws them: each uses only rooms
+/// to its right.
+const ENGINE_ROOMS: [&str; 6] = ["api", "runtime", "telemetry", "config", "compute", "step"];
+
+#[test]
+fn the_engines_rooms_point_one_way() {
+    let root = repo_root();
+    let graph = imports::import_graph(&imports::crate_sources(&root, "engine"));
+    let rank = |m: &imports::ModPath| {
+        let first = m.first()?;
+        ENGINE_ROOMS.iter().position(|r| r == first)
+    };
+    let mut rooms = BTreeSet::new();
+    let mut wrong = Vec::new();
+    for (from, to) in &graph {
+        let Some(a) = rank(from) else { continue };
+        rooms.insert(a);
+        for (target, path) in to {
+            match rank(target) {
+                Some(b) if b < a => wrong.push(format!(
+                    "{} uses {} (`{path}`): {} is left of {}",
+                    from.join("::"),
+                    target.join("::"),
+                    ENGINE_ROOMS[b],
+                    ENGINE_ROOMS[a]
+                )),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(rooms.len(), ENGINE_ROOMS.len(), "rooms found: {rooms:?}");
+    let top: BTreeSet<String> = graph
+        .keys()
+        .filter(|m| m.len() == 1)
+        .map(|m| m[0].clone())
+        .collect();
+    let expected: BTreeSet<String> = ENGINE_ROOMS.iter().map(|r| r.to_string()).collect();
+    assert_eq!(top, expected, "engine/src/lib.rs's modules are the rooms");
+    assert!(
+        wrong.is_empty(),
+        "arrows against the rooms' order ({}):\n{}",
+        ENGINE_ROOMS.join(" → "),
+        wrong.join("\n")
+    );
+}

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::backend::{Backend, KvDtype, StepMetadata};
+use ballast_engine::compute::backend::{Backend, KvDtype};
 use ballast_engine::compute::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
 };
+use ballast_engine::step::StepMetadata;
 use rayon::prelude::*;
 
 fn step(

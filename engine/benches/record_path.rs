@@ -32,14 +32,14 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use ballast_engine::compute::backend::StepMetadata;
 use ballast_engine::compute::backend::cpu::CpuBackend;
+use ballast_engine::compute::executor::{Executor, ModelExecutor, NoopExecutor};
 use ballast_engine::compute::model::LlamaModel;
 use ballast_engine::config::{EngineArgs, EngineConfig};
 use ballast_engine::runtime::dp::{RankLoad, SyncTimer, dp_balance};
-use ballast_engine::runtime::executor::{Executor, ModelExecutor, NoopExecutor};
 use ballast_engine::runtime::scheduler::{Scheduler, SchedulerConfig};
 use ballast_engine::runtime::test_support::{self, greedy_request as request};
+use ballast_engine::step::StepMetadata;
 use ballast_engine::step::events::RequestId;
 use ballast_engine::telemetry::metrics::{EngineMetrics, MetricsConfig};
 use ballast_engine::telemetry::stats::board::ControlBoard;

@@ -9,12 +9,12 @@
 
 use std::time::{Duration, Instant};
 
-use ballast_engine::compute::backend::StepMetadata;
 use ballast_engine::compute::backend::cpu::CpuBackend;
+use ballast_engine::compute::executor::{Executor, ModelExecutor, NoopExecutor};
 use ballast_engine::compute::model::{LlamaModel, ModelSpec};
-use ballast_engine::runtime::executor::{Executor, ModelExecutor, NoopExecutor};
 use ballast_engine::runtime::scheduler::{Scheduler, SchedulerConfig};
 use ballast_engine::runtime::test_support::{self, greedy_request};
+use ballast_engine::step::StepMetadata;
 
 const RUNNING: usize = 256;
 const PROMPT: usize = 32;

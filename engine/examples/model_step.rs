@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use ballast_engine::compute::backend::Backend;
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::backend::{Backend, StepMetadata};
 use ballast_engine::compute::model::{LlamaModel, LlamaWeights, ModelSource, ResolvedModel};
+use ballast_engine::step::StepMetadata;
 
 fn main() {
     let mut args = std::env::args().skip(1);

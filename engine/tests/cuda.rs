@@ -6,13 +6,13 @@
 //! run yet.
 
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::backend::cuda::{CudaBackend, GraphExecutor};
-use ballast_engine::compute::backend::{
-    Backend, HostWeight, KvDtype, KvLayout, RopeStyle, SeqSlice, StepMetadata,
-};
+use ballast_engine::compute::backend::cuda::CudaBackend;
+use ballast_engine::compute::backend::{Backend, HostWeight, KvDtype, KvLayout, RopeStyle};
+use ballast_engine::compute::executor::cuda_graphs::GraphExecutor;
+use ballast_engine::compute::executor::{Executor, ModelExecutor};
 use ballast_engine::compute::model::{LlamaModel, ModelSpec, WeightDtype};
 use ballast_engine::compute::sampling::{SampleSpec, SamplingSlot};
-use ballast_engine::runtime::executor::{Executor, ModelExecutor};
+use ballast_engine::step::{SeqSlice, StepMetadata};
 use ballast_rng::SplitMix64;
 
 const BLOCK: u32 = 16;

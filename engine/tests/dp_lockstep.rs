@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ballast_engine::compute::executor::NoopExecutor;
 use ballast_engine::runtime::admission::{AdmissionLedger, AdmissionLimits};
 use ballast_engine::runtime::core::{RankCommand, RankWorker, StepOutput};
 use ballast_engine::runtime::dp::DpGroup;
-use ballast_engine::runtime::executor::NoopExecutor;
 use ballast_engine::runtime::scheduler::{EngineRequest, Scheduler, SchedulerConfig};
 use ballast_engine::runtime::tenants::TenantLedger;
 use ballast_engine::runtime::test_support::greedy_request;

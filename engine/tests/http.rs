@@ -389,9 +389,9 @@ async fn metrics_exposition_has_per_rank_series() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_rank_ends_requests_and_turns_health_red() {
-    use ballast_engine::compute::backend::StepMetadata;
+    use ballast_engine::compute::executor::{Executor, NoopExecutor};
     use ballast_engine::compute::sampling::SamplingSlot;
-    use ballast_engine::runtime::executor::{Executor, NoopExecutor};
+    use ballast_engine::step::StepMetadata;
 
     /// Works for a few steps, then fails like a device error would.
     struct FailsAt(usize);

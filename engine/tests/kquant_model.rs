@@ -17,10 +17,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::backend::{Backend, KvDtype, StepMetadata};
+use ballast_engine::compute::backend::{Backend, KvDtype};
 use ballast_engine::compute::model::{
     LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
 };
+use ballast_engine::step::StepMetadata;
 use serde_json::Value;
 
 /// Top-2 margins (nats, in llama.cpp's log-softmax) below which a position is a near-tie.

@@ -8,10 +8,11 @@
 use std::sync::Arc;
 
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::backend::{Backend, KvDtype, StepMetadata};
+use ballast_engine::compute::backend::{Backend, KvDtype};
 use ballast_engine::compute::model::{
     KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, cached_model_or_skip,
 };
+use ballast_engine::step::StepMetadata;
 use serde_json::{Value, json};
 
 mod common;

@@ -7,113 +7,24 @@
 //! Handshakes run on tasks of their own, bounded by [`HANDSHAKE_TIMEOUT`], so a client that
 //! connects and says nothing holds no one else up.
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rustls::ServerConfig;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use crate::config::tls::{Contents, pair, provider, read};
+pub use crate::config::tls::{TlsError, TlsFiles, load};
+
 /// How often the certificate and key files are read to see whether they changed.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The longest a client may take to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The certificate (PEM chain, leaf first) and key (PEM, PKCS#8, PKCS#1 or SEC1) files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// `--control-tls-cert`.
-    pub cert: PathBuf,
-    /// `--control-tls-key`.
-    pub key: PathBuf,
-}
-
-/// Why a pair cannot serve.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    /// A file cannot be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A file holds no usable PEM certificate or key.
-    #[error("{path} holds no PEM {what}{detail}")]
-    Pem {
-        /// The file.
-        path: PathBuf,
-        /// `certificate` or `private key`.
-        what: &'static str,
-        /// The parser's words, if any (with a leading `: `).
-        detail: String,
-    },
-    /// The key does not belong to the certificate, or cannot sign.
-    #[error("the key in {key} cannot serve the certificate in {cert}: {detail}")]
-    Mismatch {
-        /// The certificate file.
-        cert: PathBuf,
-        /// The key file.
-        key: PathBuf,
-        /// Why.
-        detail: String,
-    },
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// The files' bytes (certificate, key), to tell a change.
-type Contents = (Vec<u8>, Vec<u8>);
-
-fn read(files: &TlsFiles) -> Result<Contents, TlsError> {
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|source| TlsError::Read {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
-    Ok((read(&files.cert)?, read(&files.key)?))
-}
-
-fn pair(files: &TlsFiles, (cert, key): &Contents) -> Result<Arc<CertifiedKey>, TlsError> {
-    let pem = |path: &Path, what, detail: String| TlsError::Pem {
-        path: path.to_path_buf(),
-        what,
-        detail,
-    };
-    let chain = CertificateDer::pem_slice_iter(cert)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| pem(&files.cert, "certificate", format!(": {e}")))?;
-    if chain.is_empty() {
-        return Err(pem(&files.cert, "certificate", String::new()));
-    }
-    let key = PrivateKeyDer::from_pem_slice(key)
-        .map_err(|e| pem(&files.key, "private key", format!(": {e}")))?;
-    let mismatch = |detail: String| TlsError::Mismatch {
-        cert: files.cert.clone(),
-        key: files.key.clone(),
-        detail,
-    };
-    let certified =
-        CertifiedKey::from_der(chain, key, &provider()).map_err(|e| mismatch(e.to_string()))?;
-    Ok(Arc::new(certified))
-}
-
-/// Reads and checks the pair: what the engine does at start, and what makes a bad flag
-/// an error that names the file.
-pub fn load(files: &TlsFiles) -> Result<Arc<CertifiedKey>, TlsError> {
-    pair(files, &read(files)?)
-}
 
 /// The pair handshakes use now.
 #[derive(Debug)]
@@ -247,6 +158,7 @@ fn complain(last: &mut Option<String>, why: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn pem_pair(name: &str) -> (String, String) {
         let c = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();

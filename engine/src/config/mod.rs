@@ -1,6 +1,10 @@
 //! `ballast engine` flags and the validated configuration built from them.
 
 pub mod buckets;
+pub mod runtime;
+pub mod tls;
+
+use runtime::{AdmissionLimits, DispatchPolicy, SchedulerConfig};
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -13,9 +17,6 @@ use crate::compute::backend::KvDtype;
 use crate::compute::device::Device;
 use crate::compute::model::{ModelError, ModelSource, ModelSpec, ResolvedModel};
 use crate::config::buckets::Buckets;
-use crate::runtime::admission::AdmissionLimits;
-use crate::runtime::dispatcher::DispatchPolicy;
-use crate::runtime::scheduler::SchedulerConfig;
 
 /// Flags of `ballast engine`. Names follow vLLM where a vLLM user would look for them; every
 /// flag also reads the `BALLAST_*` environment variable shown in `--help`.
@@ -634,7 +635,7 @@ pub struct EngineConfig {
     pub control_tokens: ApiKeys,
     /// `--control-tls-cert` and `--control-tls-key`: the control API's TLS pair, checked
     /// at start (`None`: plain HTTP/2).
-    pub control_tls: Option<crate::api::control_tls::TlsFiles>,
+    pub control_tls: Option<tls::TlsFiles>,
     /// DP ranks.
     pub data_parallel_size: usize,
     /// Rank assignment.
@@ -880,15 +881,15 @@ fn control_tokens(a: &EngineArgs) -> Result<ApiKeys, ConfigError> {
 
 /// The control API's TLS pair, read and checked now so a bad file is an error at start
 /// that names it.
-fn control_tls(a: &EngineArgs) -> Result<Option<crate::api::control_tls::TlsFiles>, ConfigError> {
+fn control_tls(a: &EngineArgs) -> Result<Option<tls::TlsFiles>, ConfigError> {
     let (Some(cert), Some(key)) = (&a.control_tls_cert, &a.control_tls_key) else {
         return Ok(None);
     };
-    let files = crate::api::control_tls::TlsFiles {
+    let files = tls::TlsFiles {
         cert: cert.clone(),
         key: key.clone(),
     };
-    crate::api::control_tls::load(&files).map_err(|e| bad("control-tls-cert", e.to_string()))?;
+    tls::load(&files).map_err(|e| bad("control-tls-cert", e.to_string()))?;
     Ok(Some(files))
 }
 

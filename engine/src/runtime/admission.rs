@@ -5,43 +5,11 @@
 //! or deferred). The frontend admits; the rank that first schedules a request (or aborts it
 //! before that) releases it. One mutex guards both counters so a burst is counted exactly.
 
+pub use crate::config::runtime::AdmissionLimits;
+
+pub use crate::step::RejectReason;
+
 use std::sync::Mutex;
-
-/// Limits of the front door; `None` is unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AdmissionLimits {
-    /// `--max-queued-requests`.
-    pub max_queued_requests: Option<usize>,
-    /// `--max-queued-tokens` (prompt tokens of queued requests).
-    pub max_queued_tokens: Option<usize>,
-}
-
-/// Why a request was turned away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
-pub enum RejectReason {
-    /// Too many requests already queued.
-    #[error("too many queued requests")]
-    MaxNumQueuedReqs,
-    /// Too many prompt tokens already queued.
-    #[error("too many queued prompt tokens")]
-    MaxNumQueuedTokens,
-}
-
-impl RejectReason {
-    /// Every reason, for pre-registering metric label values.
-    pub const ALL: [RejectReason; 2] = [
-        RejectReason::MaxNumQueuedReqs,
-        RejectReason::MaxNumQueuedTokens,
-    ];
-
-    /// Stable label used in metrics and JSON error codes.
-    pub fn label(self) -> &'static str {
-        match self {
-            RejectReason::MaxNumQueuedReqs => "max_num_queued_reqs",
-            RejectReason::MaxNumQueuedTokens => "max_num_queued_tokens",
-        }
-    }
-}
 
 /// Requests and prompt tokens admitted but not yet scheduled, across all ranks.
 #[derive(Debug, Default)]

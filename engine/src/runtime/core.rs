@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::compute::backend::StepMetadata;
+use crate::compute::executor::Executor;
 use crate::runtime::dp::{DpBalance, DpGroup, DpStatsError, RankLoad, SyncTimer, dp_balance};
-use crate::runtime::executor::Executor;
 use crate::runtime::kv::ResidencySample;
 use crate::runtime::scheduler::{EngineRequest, Scheduler};
+use crate::step::StepMetadata;
 use crate::step::events::{RequestId, RequestStepOutput, SchedulerSnapshot, StepCounters};
 
 /// A message to one rank.

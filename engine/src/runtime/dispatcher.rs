@@ -8,16 +8,9 @@
 //! Weights can change at run time (the operator shifts them over the control API when a
 //! rank runs hot); a weight of 0 takes a rank out of rotation.
 
-use std::sync::Mutex;
+pub use crate::config::runtime::DispatchPolicy;
 
-/// How requests are spread over ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DispatchPolicy {
-    /// Weighted round robin.
-    RoundRobin,
-    /// Fewest outstanding tokens per unit of weight.
-    LeastTokens,
-}
+use std::sync::Mutex;
 
 /// Rejected weight vectors.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -10,8 +10,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::compute::backend::Backend;
 use crate::compute::backend::cpu::CpuBackend;
-use crate::compute::backend::cuda::GraphExecutor;
 use crate::compute::device::ComputeBackend;
+use crate::compute::executor::cuda_graphs::GraphExecutor;
+use crate::compute::executor::{Executor, ModelExecutor};
 use crate::compute::model::{LlamaModel, LlamaWeights, ModelSource};
 use crate::compute::sampling::SamplingParams;
 use crate::compute::tokenizer::{ByteTokenizer, Tokenizer};
@@ -20,7 +21,6 @@ use crate::runtime::admission::{AdmissionLedger, RejectReason};
 use crate::runtime::core::{RankCommand, RankHandles, RankWorker};
 use crate::runtime::dispatcher::Dispatcher;
 use crate::runtime::dp::DpGroup;
-use crate::runtime::executor::{Executor, ModelExecutor};
 use crate::runtime::output::{NewRoute, OutputProcessor, RequestUpdate, RouteTable};
 use crate::runtime::scheduler::{EngineRequest, Scheduler};
 use crate::runtime::tenants::{Tenant, TenantLedger};

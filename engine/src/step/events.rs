@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use crate::runtime::kv::{PoolCounts, PrefixCacheStats};
+use super::kv::{PoolCounts, PrefixCacheStats};
 
 /// Engine-wide request id.
 pub type RequestId = u64;
@@ -175,5 +175,32 @@ mod tests {
         assert_eq!(kinds, [EventKind::Queued, EventKind::Scheduled]);
         assert_eq!(e.first(EventKind::Scheduled), Some(t1));
         assert_eq!(e.first(EventKind::Preempted), None);
+    }
+}
+
+/// Why a request was turned away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum RejectReason {
+    /// Too many requests already queued.
+    #[error("too many queued requests")]
+    MaxNumQueuedReqs,
+    /// Too many prompt tokens already queued.
+    #[error("too many queued prompt tokens")]
+    MaxNumQueuedTokens,
+}
+
+impl RejectReason {
+    /// Every reason, for pre-registering metric label values.
+    pub const ALL: [RejectReason; 2] = [
+        RejectReason::MaxNumQueuedReqs,
+        RejectReason::MaxNumQueuedTokens,
+    ];
+
+    /// Stable label used in metrics and JSON error codes.
+    pub fn label(self) -> &'static str {
+        match self {
+            RejectReason::MaxNumQueuedReqs => "max_num_queued_reqs",
+            RejectReason::MaxNumQueuedTokens => "max_num_queued_tokens",
+        }
     }
 }

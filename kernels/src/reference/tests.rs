@@ -2,10 +2,9 @@
 
 use super::*;
 use ballast_engine::compute::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
-use ballast_engine::compute::backend::{
-    Backend, HostWeight, KvDtype, KvLayout, RopeStyle, SeqSlice, StepMetadata,
-};
+use ballast_engine::compute::backend::{Backend, HostWeight, KvDtype, KvLayout, RopeStyle};
 use ballast_engine::compute::sampling::{SampleSpec, sample_row as engine_sample_row};
+use ballast_engine::step::{SeqSlice, StepMetadata};
 use ballast_rng::SplitMix64;
 
 fn random(n: usize, rng: &mut SplitMix64) -> Vec<f32> {

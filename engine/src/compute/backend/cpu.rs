@@ -3,36 +3,12 @@
 
 use rayon::prelude::*;
 
+pub use super::tensor::CpuTensor;
+
 use super::quant::{self, QuantKernel, QuantMatrix};
 use super::simd::{KvElement, axpy_strided, dot, dot4, dots_strided};
-use super::{Backend, HostWeight, KvDtype, KvLayout, RopeStyle, StepMetadata};
-
-/// A row-major 2-D array of f32 in host memory.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CpuTensor {
-    /// `rows * cols` elements.
-    pub data: Vec<f32>,
-    /// Number of rows.
-    pub rows: usize,
-    /// Number of columns.
-    pub cols: usize,
-}
-
-impl CpuTensor {
-    /// A zero tensor.
-    pub fn zeros(rows: usize, cols: usize) -> Self {
-        Self {
-            data: vec![0.0; rows * cols],
-            rows,
-            cols,
-        }
-    }
-
-    /// Row `r`.
-    pub fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.cols..(r + 1) * self.cols]
-    }
-}
+use super::{Backend, HostWeight, KvDtype, KvLayout, RopeStyle};
+use crate::step::StepMetadata;
 
 /// A weight matrix of the CPU backend: dense f32, or quantized blocks read in place.
 #[derive(Debug, Clone)]
@@ -581,7 +557,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::backend::SeqSlice;
+    use crate::step::SeqSlice;
     use ballast_rng::SplitMix64;
 
     fn random(rows: usize, cols: usize, rng: &mut SplitMix64) -> CpuTensor {

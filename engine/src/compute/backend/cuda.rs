@@ -12,8 +12,10 @@
 //! - **One stream** carries every op; a step's ops queue without waiting, and only reading
 //!   results back (logits or sampled tokens) waits for the device. Ranks sharing one GPU take
 //!   turns by step ([`Backend::run_step`] holds a lock).
-//! - **CUDA graphs** ([`GraphExecutor`], `--cuda-graphs`) replay pure decode steps captured
-//!   at fixed batch sizes, one launch per step instead of several hundred.
+//! - **CUDA graphs** (`--cuda-graphs`, run by
+//!   [`crate::compute::executor::cuda_graphs::GraphExecutor`] with what this module offers:
+//!   `StepGraph`, [`GRAPH_BATCHES`]) replay pure decode steps captured at fixed batch
+//!   sizes, one launch per step instead of several hundred.
 //!
 //! Nothing here has run on a GPU yet: `engine/tests/cuda.rs` holds the GPU tests and
 //! benchmarks, run by `kernels/device-check.sh`.
@@ -34,8 +36,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::{Backend, HostWeight, KvLayout, RopeStyle, SeqSlice, StepMetadata};
+use super::{Backend, HostWeight, KvLayout, RopeStyle};
 use crate::compute::sampling::SamplingSlot;
+use crate::step::StepMetadata;
 
 /// Why the CUDA backend could not start.
 #[derive(Debug, thiserror::Error)]
@@ -344,7 +347,7 @@ impl CudaBackend {
         check("alloc", unsafe { self.inner.stream.alloc::<T>(n.max(1)) })
     }
 
-    fn tensor(&self, rows: usize, cols: usize) -> CudaTensor {
+    pub(crate) fn tensor(&self, rows: usize, cols: usize) -> CudaTensor {
         CudaTensor {
             buf: self.alloc(rows * cols),
             rows,
@@ -384,7 +387,7 @@ impl CudaBackend {
     /// A step metadata buffer for graph replays: the layout `meta` packs into, kept at one
     /// address so a captured graph can read each step's values from it. `longest` is what
     /// the decode attention sizes its splits for (the graph's sequences may not exceed it).
-    fn fixed_meta(&self, meta: &StepMetadata, longest: usize) -> CudaStepMeta {
+    pub(crate) fn fixed_meta(&self, meta: &StepMetadata, longest: usize) -> CudaStepMeta {
         let mut m = self.prepare_step(meta);
         m.longest = longest;
         m.fixed_partition = Some(GRAPH_PARTITION);
@@ -393,7 +396,7 @@ impl CudaBackend {
 
     /// Copies `meta` into a buffer made by [`CudaBackend::fixed_meta`] from a metadata of the
     /// same shape.
-    fn refill_meta(&self, fixed: &mut CudaStepMeta, meta: &StepMetadata) {
+    pub(crate) fn refill_meta(&self, fixed: &mut CudaStepMeta, meta: &StepMetadata) {
         let (host, _) = pack(meta);
         assert_eq!(host.len(), fixed.buf.len(), "graph metadata changed shape");
         check(
@@ -404,7 +407,7 @@ impl CudaBackend {
 
     /// Records the ops `step` queues (nothing runs) and copies its result into `out`, as one
     /// graph. Everything `step` allocates is freed inside the graph, so it can be replayed.
-    fn capture(
+    pub(crate) fn capture(
         &self,
         step: impl FnOnce() -> CudaTensor,
         out: &mut CudaTensor,
@@ -461,12 +464,12 @@ impl CudaBackend {
     }
 
     /// Runs a captured step.
-    fn replay(&self, graph: &StepGraph) {
+    pub(crate) fn replay(&self, graph: &StepGraph) {
         check("graph launch", graph.0.launch());
     }
 
     /// The first `rows` rows of `t`, copied.
-    fn first_rows(&self, t: &CudaTensor, rows: usize) -> CudaTensor {
+    pub(crate) fn first_rows(&self, t: &CudaTensor, rows: usize) -> CudaTensor {
         let mut out = self.tensor(rows, t.cols);
         if rows > 0 {
             let n = rows * t.cols;
@@ -1087,185 +1090,16 @@ impl Backend for CudaBackend {
 }
 
 /// A captured step. cudarc's graph is not `Send` because CUDA graphs must not be used from
-/// two threads at once; a [`GraphExecutor`] owns its graphs and uses them only inside
-/// [`Backend::run_step`], one step at a time.
-struct StepGraph(cudarc::driver::CudaGraph);
+/// two threads at once; a graph executor
+/// ([`crate::compute::executor::cuda_graphs::GraphExecutor`]) owns its graphs and uses them
+/// only inside [`Backend::run_step`], one step at a time.
+pub(crate) struct StepGraph(cudarc::driver::CudaGraph);
 
 // SAFETY: see above; the executor moves to its rank thread once and never shares the graph.
 unsafe impl Send for StepGraph {}
 
 /// Batch sizes decode steps are captured at; a step is padded up to the next one.
 pub const GRAPH_BATCHES: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
-
-/// One captured decode step and the fixed buffers it reads and writes.
-struct Captured {
-    graph: StepGraph,
-    meta: CudaStepMeta,
-    logits: CudaTensor,
-}
-
-/// Runs a rank's steps on the CUDA backend, replaying pure decode steps from CUDA graphs
-/// captured at fixed batch sizes ([`GRAPH_BATCHES`]): one launch per step instead of a few
-/// hundred. A step of `b` sequences runs the graph for the next batch size up, the extra rows
-/// being dummy sequences that write a scratch KV block no request owns; attention is split for
-/// the model's longest sequence. Other steps (prefill, mixed, larger batches) run op by op.
-/// If a capture fails, the executor says why once and runs every step op by op.
-pub struct GraphExecutor {
-    model: crate::compute::model::LlamaModel<CudaBackend>,
-    cache: CudaKvCache,
-    scratch_block: u32,
-    max_blocks: usize,
-    graphs: HashMap<usize, Captured>,
-    disabled: bool,
-}
-
-impl GraphExecutor {
-    /// An executor with a fresh cache of `num_blocks` blocks (plus the scratch block).
-    pub fn new(
-        model: crate::compute::model::LlamaModel<CudaBackend>,
-        num_blocks: usize,
-        block_size: usize,
-    ) -> Self {
-        let cache = model
-            .backend
-            .alloc_kv_cache(model.kv_layout(num_blocks + 1, block_size));
-        let max_blocks = model.spec.max_model_len.div_ceil(block_size);
-        Self {
-            model,
-            cache,
-            scratch_block: num_blocks as u32,
-            max_blocks,
-            graphs: HashMap::new(),
-            disabled: false,
-        }
-    }
-
-    /// Batch sizes captured so far.
-    pub fn captured(&self) -> Vec<usize> {
-        let mut b: Vec<usize> = self.graphs.keys().copied().collect();
-        b.sort_unstable();
-        b
-    }
-
-    /// The graph batch size for `meta`, if it is a decode step a graph can run.
-    fn bucket(&self, meta: &StepMetadata) -> Option<usize> {
-        let b = meta.seqs.len();
-        let decode = meta.seqs.iter().enumerate().all(|(i, s)| {
-            s.query_len == 1
-                && s.query_start as usize == i
-                && (s.block_table_len as usize) <= self.max_blocks
-        });
-        let samples_each = meta.logits_rows.len() == b
-            && meta
-                .logits_rows
-                .iter()
-                .enumerate()
-                .all(|(i, &r)| r as usize == i);
-        if self.disabled || b == 0 || !decode || !samples_each {
-            return None;
-        }
-        GRAPH_BATCHES.iter().copied().find(|&g| g >= b)
-    }
-
-    /// `meta` padded to `bucket` sequences with block tables at a fixed stride.
-    fn pad(&self, meta: &StepMetadata, bucket: usize) -> StepMetadata {
-        let bs = meta.block_size;
-        let mut p = StepMetadata {
-            block_size: bs,
-            ..StepMetadata::default()
-        };
-        for i in 0..bucket {
-            let (token, pos, slot, context, table): (u32, u32, u32, u32, Vec<u32>) =
-                match meta.seqs.get(i) {
-                    Some(s) => {
-                        let row = s.query_start as usize;
-                        (
-                            meta.token_ids[row],
-                            meta.positions[row],
-                            meta.slot_mapping[row],
-                            s.context_len,
-                            meta.block_table(s).to_vec(),
-                        )
-                    }
-                    None => (0, 0, self.scratch_block * bs, 0, vec![self.scratch_block]),
-                };
-            p.token_ids.push(token);
-            p.positions.push(pos);
-            p.slot_mapping.push(slot);
-            p.seqs.push(SeqSlice {
-                query_start: i as u32,
-                query_len: 1,
-                context_len: context,
-                block_table_start: (i * self.max_blocks) as u32,
-                block_table_len: table.len() as u32,
-            });
-            let pad = self.max_blocks - table.len();
-            p.block_tables.extend(table);
-            p.block_tables
-                .extend(std::iter::repeat_n(self.scratch_block, pad));
-            p.logits_rows.push(i as u32);
-        }
-        p
-    }
-
-    fn capture(&mut self, bucket: usize, padded: &StepMetadata) -> Result<(), String> {
-        let backend = self.model.backend.clone();
-        let longest = self.max_blocks * padded.block_size as usize;
-        let meta = backend.fixed_meta(padded, longest);
-        // Once op by op first, so cuBLAS picks its kernels and loads them outside capture.
-        drop(self.model.forward_prepared(&mut self.cache, &meta));
-        let mut logits = backend.tensor(bucket, self.model.spec.vocab_size);
-        let (model, cache) = (&self.model, &mut self.cache);
-        let graph = backend.capture(|| model.forward_prepared(cache, &meta), &mut logits)?;
-        self.graphs.insert(
-            bucket,
-            Captured {
-                graph,
-                meta,
-                logits,
-            },
-        );
-        Ok(())
-    }
-}
-
-impl crate::runtime::executor::Executor for GraphExecutor {
-    fn execute(&mut self, meta: &StepMetadata, slots: &mut [SamplingSlot]) -> Vec<u32> {
-        if meta.num_tokens() == 0 {
-            return Vec::new();
-        }
-        let backend = self.model.backend.clone();
-        backend.run_step(|| {
-            let bucket = if slots.is_empty() {
-                None
-            } else {
-                self.bucket(meta)
-            };
-            let Some(bucket) = bucket else {
-                let logits = self.model.forward_in_step(&mut self.cache, meta);
-                return if slots.is_empty() {
-                    Vec::new()
-                } else {
-                    backend.sample(&logits, slots)
-                };
-            };
-            let padded = self.pad(meta, bucket);
-            if !self.graphs.contains_key(&bucket)
-                && let Err(why) = self.capture(bucket, &padded)
-            {
-                tracing::warn!("CUDA graphs off for this rank: {why}; steps run op by op");
-                self.disabled = true;
-                let logits = self.model.forward_in_step(&mut self.cache, meta);
-                return backend.sample(&logits, slots);
-            }
-            let c = self.graphs.get_mut(&bucket).expect("captured above");
-            backend.refill_meta(&mut c.meta, &padded);
-            backend.replay(&c.graph);
-            let rows = backend.first_rows(&c.logits, meta.seqs.len());
-            backend.sample(&rows, slots)
-        })
-    }
-}
 
 #[cfg(test)]
 mod tests {

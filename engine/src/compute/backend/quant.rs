@@ -25,7 +25,22 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::cpu::CpuTensor;
+use super::tensor::CpuTensor;
+
+/// The 6-bit scale and minimum of sub-block `j` (0..8) of a Q4_K/Q5_K super-block, packed in
+/// 12 bytes: sub-blocks 0–3 keep theirs in the low six bits of bytes `j` (scale) and `j + 4`
+/// (minimum); sub-blocks 4–7 keep their low four bits in the nibbles of byte `j + 4` and
+/// their top two bits in the top bits of bytes `j − 4` (scale) and `j` (minimum).
+pub fn k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        (
+            (scales[j + 4] & 0x0f) | (scales[j - 4] >> 6) << 4,
+            (scales[j + 4] >> 4) | (scales[j] >> 6) << 4,
+        )
+    }
+}
 
 mod kpanel;
 mod panel;
@@ -203,7 +218,7 @@ pub fn sub_block(format: QuantFormat, row: &[u8], k: usize) -> SubBlock {
     match format {
         QuantFormat::Q4_K | QuantFormat::Q5_K => {
             let (d, dmin) = (f16(sb, 0), f16(sb, 2));
-            let (sc, m) = crate::compute::model::gguf::k_scale_min(&sb[4..16], j);
+            let (sc, m) = k_scale_min(&sb[4..16], j);
             let (qh, qs) = match format {
                 QuantFormat::Q5_K => (Some(&sb[16..48]), &sb[48..176]),
                 _ => (None, &sb[16..144]),

@@ -14,56 +14,11 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-use super::ModelSpec;
+pub use super::error::HfError;
 use super::llama::{LayerTensors, ModelTensors};
+use super::spec::ModelSpec;
 use crate::compute::backend::{HostWeight, RopeStyle};
 use crate::compute::tokenizer::{BpeTokenizer, TokenizerError};
-
-/// What is wrong with a Hugging Face directory.
-#[derive(Debug, thiserror::Error)]
-pub enum HfError {
-    /// A file that cannot be read.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A JSON file that does not parse, or lacks or mistypes a key.
-    #[error("{file}: {reason}")]
-    Config {
-        /// `config.json`, `generation_config.json`, …
-        file: &'static str,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A model this loader cannot run.
-    #[error("config.json: {0}")]
-    Unsupported(String),
-    /// A safetensors file that does not parse.
-    #[error("{path}: not a safetensors file: {reason}")]
-    Safetensors {
-        /// The file.
-        path: PathBuf,
-        /// The parser's message.
-        reason: String,
-    },
-    /// A tensor missing from every file.
-    #[error("no tensor named {0:?} in the directory's safetensors files")]
-    Missing(String),
-    /// The same tensor in two files.
-    #[error("tensor {0:?} appears in more than one safetensors file")]
-    Duplicate(String),
-    /// A tensor whose shape or type does not fit.
-    #[error("tensor {tensor:?}: {reason}")]
-    Tensor {
-        /// The tensor.
-        tensor: String,
-        /// What is wrong.
-        reason: String,
-    },
-}
 
 /// A parsed `config.json`, `generation_config.json` and the maps of every safetensors file.
 pub struct HfModel {
@@ -258,21 +213,23 @@ impl HfModel {
     /// `chat_template.jinja` when the directory has one (else `tokenizer_config.json`'s
     /// `chat_template`), with `generation_config.json`'s EOS ids added to the ones the
     /// tokenizer names.
-    pub fn tokenizer(&self, dir: &Path) -> Result<BpeTokenizer, super::ModelError> {
-        let err = |source| super::ModelError::Tokenizer {
+    pub fn tokenizer(&self, dir: &Path) -> Result<BpeTokenizer, super::error::ModelError> {
+        let err = |source| super::error::ModelError::Tokenizer {
             path: dir.to_path_buf(),
             source,
         };
-        let json = read(&dir.join("tokenizer.json")).map_err(|e| super::ModelError::Hf {
+        let json = read(&dir.join("tokenizer.json")).map_err(|e| super::error::ModelError::Hf {
             path: dir.to_path_buf(),
             source: e,
         })?;
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
-            Some(read(&config_path).map_err(|e| super::ModelError::Hf {
-                path: dir.to_path_buf(),
-                source: e,
-            })?)
+            Some(
+                read(&config_path).map_err(|e| super::error::ModelError::Hf {
+                    path: dir.to_path_buf(),
+                    source: e,
+                })?,
+            )
         } else {
             None
         };
@@ -285,7 +242,7 @@ impl HfModel {
         .map_err(|source| match (source, &template) {
             // Name the file the template came from, not just the directory.
             (source @ TokenizerError::ChatTemplate(_), Some((path, _))) => {
-                super::ModelError::Tokenizer {
+                super::error::ModelError::Tokenizer {
                     path: path.clone(),
                     source,
                 }
@@ -304,9 +261,9 @@ pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 /// file that exists but cannot be read (permissions, not UTF-8, a directory) or holds only
 /// whitespace is an error: serving the model with another template than the one it ships
 /// would quietly change every chat prompt.
-fn chat_template_file(dir: &Path) -> Result<Option<(PathBuf, String)>, super::ModelError> {
+fn chat_template_file(dir: &Path) -> Result<Option<(PathBuf, String)>, super::error::ModelError> {
     let path = dir.join(CHAT_TEMPLATE_FILE);
-    let io = |source| super::ModelError::Hf {
+    let io = |source| super::error::ModelError::Hf {
         path: dir.to_path_buf(),
         source: HfError::Io {
             path: path.clone(),
@@ -319,7 +276,7 @@ fn chat_template_file(dir: &Path) -> Result<Option<(PathBuf, String)>, super::Mo
         Err(e) => return Err(io(e)),
     };
     if text.trim().is_empty() {
-        return Err(super::ModelError::Tokenizer {
+        return Err(super::error::ModelError::Tokenizer {
             path,
             source: TokenizerError::Invalid {
                 key: CHAT_TEMPLATE_FILE.into(),
@@ -395,7 +352,7 @@ fn llama_spec(c: &Value, dir: &Path) -> Result<(ModelSpec, bool), HfError> {
         rope_theta: float("rope_theta", 10_000.0) as f32,
         rms_norm_eps: float("rms_norm_eps", 1e-6) as f32,
         rope_style: RopeStyle::Halves,
-        weight_dtype: super::WeightDtype::F32,
+        weight_dtype: super::spec::WeightDtype::F32,
         kv_dtype: crate::compute::backend::KvDtype::F32,
     };
     Ok((spec, c["tie_word_embeddings"].as_bool().unwrap_or(false)))

@@ -4,8 +4,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::{HostWeights, ModelSpec, WeightDtype};
-use crate::compute::backend::{Backend, HostWeight, KvLayout, StepMetadata};
+use super::spec::{HostWeights, ModelSpec, WeightDtype};
+use crate::compute::backend::{Backend, HostWeight, KvLayout};
+use crate::step::StepMetadata;
 
 /// Every tensor of a Llama model on the host, before upload: borrowed from generated
 /// weights or from a memory-mapped model file.
@@ -274,8 +275,8 @@ pub(crate) fn prefill_logits(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::backend::SeqSlice;
     use crate::compute::backend::cpu::{CpuBackend, CpuTensor};
+    use crate::step::SeqSlice;
 
     const BLOCK: usize = 4;
 

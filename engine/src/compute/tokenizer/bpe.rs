@@ -12,22 +12,11 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, DecoderWrapper, SplitDelimiterBehavior};
 
+use super::metadata::TokenizerMetadata;
 use super::{
     ChatMessage, ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer, TokenizerError,
     Utf8StreamDecoder,
 };
-use crate::compute::model::gguf::TokenizerMetadata;
-
-/// Values of `tokenizer.ggml.pre` that [`BpeTokenizer::from_gguf`] accepts:
-///
-/// - `smollm`: Hugging Face SmolLM2's pre-tokenizer, every digit on its own, then GPT-2's
-///   byte-level split (llama.cpp's `LLAMA_VOCAB_PRE_TYPE_SMOLLM`);
-/// - `gpt2` and `gpt-2` (the name llama.cpp's converter writes): GPT-2's byte-level split;
-/// - `llama-bpe`, `llama3` and `llama-v3`: Llama 3's split (contractions, letters, numbers
-///   of up to three digits, punctuation, newlines), then byte-level without a regex, with
-///   `ignore_merges` (a word already in the vocabulary is one token).
-pub const SUPPORTED_PRE_TOKENIZERS: [&str; 6] =
-    ["smollm", "gpt2", "gpt-2", "llama-bpe", "llama3", "llama-v3"];
 
 /// Llama 3's pre-tokenizer regex, as its tokenizer.json has it.
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";

@@ -7,7 +7,14 @@ use std::fmt;
 use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind};
 
-use super::ChatMessage;
+/// One chat message after the HTTP layer has validated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
 
 /// The template used when a model ships none: ChatML, the format of the SmolLM2, Qwen and
 /// many other instruct models (and transformers' former default). Each message is

@@ -11,9 +11,10 @@
 //! A prefix-cache hit on an evictable block takes it out of the queue in O(1).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::hash::BlockHash;
+use crate::step::kv::{PoolCounts, ResidencySample};
 use ballast_rng::SplitMix64;
 
 /// Index of a block in the pool.
@@ -30,17 +31,6 @@ struct Block {
     in_free_queue: bool,
 }
 
-/// A KV residency observation of a sampled block (`--kv-cache-metrics`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResidencySample {
-    /// Allocation to eviction of cached content.
-    Lifetime(Duration),
-    /// Last use (release or prefix hit) to eviction.
-    IdleBeforeEvict(Duration),
-    /// Time between two uses: release or hit, then a prefix hit.
-    ReuseGap(Duration),
-}
-
 #[derive(Debug, Clone, Copy)]
 struct BlockTimes {
     sampled: bool,
@@ -55,19 +45,6 @@ struct Residency {
     rng: SplitMix64,
     times: Vec<BlockTimes>,
     samples: Vec<ResidencySample>,
-}
-
-/// Block counts by state; `used + evictable + available == total`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolCounts {
-    /// Blocks referenced by live requests.
-    pub used: usize,
-    /// Unreferenced blocks that still hold a cached prefix.
-    pub evictable: usize,
-    /// Unreferenced empty blocks.
-    pub available: usize,
-    /// Size of the pool.
-    pub total: usize,
 }
 
 /// The block pool of one rank.
@@ -428,6 +405,7 @@ impl BlockPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn allocation_takes_least_recently_freed_first() {

@@ -7,27 +7,7 @@ use super::block_pool::{BlockId, BlockPool};
 use super::hash::BlockHash;
 
 use crate::step::events::RequestId;
-
-/// Prefix-cache activity since the last [`KvCacheManager::take_stats`] (take-and-reset: a
-/// step's snapshot carries only what happened in that step).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PrefixCacheStats {
-    /// Requests that looked up the cache.
-    pub requests: u64,
-    /// Tokens looked up.
-    pub queries: u64,
-    /// Tokens found cached.
-    pub hits: u64,
-    /// Same three for requests resuming after a preemption, kept apart so recomputation does
-    /// not inflate the hit rate.
-    pub preempted_requests: u64,
-    /// Tokens looked up by resuming requests.
-    pub preempted_queries: u64,
-    /// Tokens found cached by resuming requests.
-    pub preempted_hits: u64,
-    /// Successful resets of the prefix cache (consumers of hit-rate windows start over).
-    pub resets: u64,
-}
+use crate::step::kv::PrefixCacheStats;
 
 /// The cached blocks covering a request's longest known prefix.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

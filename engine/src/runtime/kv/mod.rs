@@ -8,6 +8,7 @@ pub mod block_pool;
 pub mod hash;
 pub mod manager;
 
-pub use block_pool::{BlockId, BlockPool, PoolCounts, ResidencySample};
+pub use crate::step::kv::{PoolCounts, PrefixCacheStats, ResidencySample};
+pub use block_pool::{BlockId, BlockPool};
 pub use hash::{BlockHash, hash_block};
-pub use manager::{KvCacheManager, PrefixCacheStats};
+pub use manager::KvCacheManager;

@@ -23,6 +23,8 @@
 //! tenant ledger after the step's finishes released their slots would call a deferred
 //! request a capacity one for exactly the moment between two steps.
 
+pub use crate::config::runtime::SchedulerConfig;
+
 mod request;
 
 use std::collections::{HashMap, VecDeque};
@@ -31,7 +33,6 @@ use std::time::Instant;
 
 pub use request::{EngineRequest, Request, Status};
 
-use crate::compute::backend::{SeqSlice, StepMetadata};
 use crate::compute::sampling::SamplingSlot;
 use crate::runtime::admission::AdmissionLedger;
 use crate::runtime::kv::KvCacheManager;
@@ -40,23 +41,7 @@ use crate::runtime::tenants::TenantLedger;
 use crate::step::events::{
     EventKind, FinishReason, RequestId, RequestStepOutput, SchedulerSnapshot, StepCounters,
 };
-
-/// Limits of one rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SchedulerConfig {
-    /// Most requests in the running batch.
-    pub max_num_seqs: usize,
-    /// Most tokens computed per step.
-    pub max_num_batched_tokens: usize,
-    /// Longest sequence; a request reaching it finishes with `length`.
-    pub max_model_len: usize,
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// KV blocks of this rank.
-    pub num_blocks: usize,
-    /// Share full blocks between requests with equal prefixes.
-    pub enable_prefix_caching: bool,
-}
+use crate::step::{SeqSlice, StepMetadata};
 
 /// One request's share of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,9 +4,9 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::compute::backend::cpu::CpuBackend;
+use crate::compute::executor::{Executor, ModelExecutor, NoopExecutor};
 use crate::compute::model::{LlamaModel, ModelSpec};
 use crate::runtime::admission::AdmissionLimits;
-use crate::runtime::executor::{Executor, ModelExecutor, NoopExecutor};
 use crate::step::events::RequestStepOutput;
 
 fn cfg(

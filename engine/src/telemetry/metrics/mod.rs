@@ -15,7 +15,7 @@ use prometheus::{
 use crate::config::buckets::{Buckets, Family};
 
 use crate::config::EngineConfig;
-use crate::runtime::admission::RejectReason;
+use crate::step::RejectReason;
 use crate::step::events::FinishReason;
 
 /// The statuses whose `http_requests_total` series exist from start-up for every API route:

@@ -194,7 +194,7 @@ impl KPanels {
                                 put(dst, layout.d2 + unit * 32 + 2 * c, &b[2..4]);
                                 for j in 0..8 {
                                     let (s, m) =
-                                        crate::compute::model::gguf::k_scale_min(&b[4..16], j);
+                                        crate::compute::backend::quant::k_scale_min(&b[4..16], j);
                                     let k = unit * 8 + j;
                                     dst[layout.sc + k * 16 + c] = s;
                                     dst[layout.mn + k * 16 + c] = m;

@@ -57,7 +57,7 @@ macro_rules! rows_k_kernels {
         pub(super) mod $module {
             use super::super::{BLOCK, PREFETCH_BYTES, Q8Rows, QuantMatrix};
             use super::{Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, tag};
-            use crate::compute::model::gguf::k_scale_min;
+            use crate::compute::backend::quant::k_scale_min;
             use std::arch::x86_64::*;
             use std::ops::Range;
 

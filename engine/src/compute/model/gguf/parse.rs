@@ -9,6 +9,13 @@ use super::{
     Metadata, TensorInfo,
 };
 
+impl GgufHeader {
+    /// Parses the header of a GGUF file whose whole contents are `bytes`.
+    pub fn parse(bytes: &[u8]) -> Result<Self, GgufError> {
+        parse_header(bytes)
+    }
+}
+
 /// Deepest nesting of arrays accepted. Real files never nest; the limit keeps a hostile file
 /// of nested array headers from recursing the parser off its stack.
 pub(crate) const MAX_ARRAY_DEPTH: usize = 8;

@@ -11,22 +11,6 @@ use crate::compute::backend::quant::{QuantFormat, QuantMatrix, SharedBytes};
 use crate::compute::model::ModelSpec;
 use crate::compute::model::llama::{LayerTensors, ModelTensors};
 
-/// The tensor types a model's matrices may have, in the order error messages list them:
-/// F32, F16 and BF16 are expanded to f32, the quantized ones multiplied in place.
-pub const WEIGHT_TYPES: [GgmlType; 11] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
 /// The ggml type of a kernel format.
 pub fn quant_format_type(format: QuantFormat) -> GgmlType {
     match format {

@@ -1,9 +1,12 @@
 //! What runs a planned step: the model on a backend, or nothing at all (for measuring the
 //! scheduler alone). The rank loop sees only this trait, never the backend.
 
-use crate::compute::backend::{Backend, StepMetadata};
+pub mod cuda_graphs;
+
+use crate::compute::backend::Backend;
 use crate::compute::model::LlamaModel;
 use crate::compute::sampling::SamplingSlot;
+use crate::step::StepMetadata;
 
 /// Runs one step and returns one sampled token per entry of `meta.logits_rows`.
 pub trait Executor: Send {
