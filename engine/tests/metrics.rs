@@ -469,6 +469,70 @@ async fn every_exported_family_is_documented() {
     assert!(missing.is_empty(), "docs/metrics.md lacks {missing:?}");
 }
 
+/// The exposition is the table the registry is built from: every family of
+/// `ballast_engine::telemetry::metrics::FAMILIES` with its `# TYPE`, its `# HELP` and its
+/// labels, and no family the table lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exposition_is_the_family_table() {
+    use ballast_engine::telemetry::metrics::{FAMILIES, Kind};
+    use std::collections::BTreeMap;
+
+    let srv = start(&[]).await;
+    // A request and a rejection-free round trip so request-scoped series have samples.
+    complete(&srv, "hello", 4).await;
+    settle(&srv).await;
+    let text = srv.metrics().await;
+    let mut types = BTreeMap::new();
+    let mut helps = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            types.insert(name.to_string(), kind.to_string());
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap();
+            helps.insert(name.to_string(), help.to_string());
+        }
+    }
+    let mut problems = Vec::new();
+    for def in FAMILIES {
+        let name = def.full_name();
+        match types.remove(&name) {
+            Some(t) if t == def.kind.exposition_type() => {}
+            other => problems.push(format!("{name}: TYPE {other:?}, table says {:?}", def.kind)),
+        }
+        if helps.get(&name).map(String::as_str) != Some(def.help) {
+            problems.push(format!("{name}: HELP {:?}", helps.get(&name)));
+        }
+        // The first sample's label names, in the exposition's order.
+        let sample = match def.kind {
+            Kind::Histogram(_) => format!("{name}_count{{"),
+            _ => format!("{name}{{"),
+        };
+        let Some(line) = text.lines().find(|l| l.starts_with(&sample)) else {
+            problems.push(format!("{name}: no sample"));
+            continue;
+        };
+        let inside = &line[sample.len()..line.find('}').unwrap()];
+        let mut seen: Vec<&str> = inside
+            .split("\",")
+            .map(|kv| kv.split('=').next().unwrap().trim_start_matches(','))
+            .collect();
+        seen.sort_unstable();
+        let mut want = def.labels.to_vec();
+        want.sort_unstable();
+        if seen != want {
+            problems.push(format!("{name}: labels {seen:?}, table says {want:?}"));
+        }
+    }
+    assert!(FAMILIES.len() > 40, "{}", FAMILIES.len());
+    assert!(
+        types.is_empty(),
+        "families exported but not in the table: {:?}",
+        types.keys()
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// A stop string ends the request as `stop` in the metrics, exactly as the client saw it:
 /// no abort, one e2e sample, and the generated tokens counted are the ones delivered, up
 /// to the token that completed the match, never what the engine produced after it.

@@ -12,7 +12,13 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::buckets::{Buckets, Family};
+mod families;
+
+use std::collections::HashMap;
+
+pub use families::{FAMILIES, FamilyDef, Kind, PREFIX};
+
+use crate::config::buckets::Buckets;
 
 use crate::config::EngineConfig;
 use crate::step::RejectReason;
@@ -151,45 +157,85 @@ impl RankSeries {
     }
 }
 
-struct Reg<'a> {
-    registry: &'a Registry,
-    buckets: &'a Buckets,
+/// The registered families of [`FAMILIES`], by name.
+struct Registered(HashMap<&'static str, Series>);
+
+/// One registered family.
+enum Series {
+    Gauge(GaugeVec),
+    IntGauge(IntGaugeVec),
+    Counter(IntCounterVec),
+    Histogram(HistogramVec),
 }
 
-const LABELS: [&str; 2] = ["model_name", "engine"];
-
-impl Reg<'_> {
-    fn add<C: Collector + Clone + 'static>(&self, c: C) -> C {
-        self.registry
-            .register(Box::new(c.clone()))
-            .expect("metric names are unique");
-        c
+impl Registered {
+    /// Registers every family of [`FAMILIES`] in `registry`.
+    fn new(registry: &Registry, buckets: &Buckets) -> Self {
+        let mut out = HashMap::new();
+        for def in FAMILIES {
+            let opts = Opts::new(def.full_name(), def.help);
+            let series = match def.kind {
+                Kind::Gauge => Series::Gauge(GaugeVec::new(opts, def.labels).expect("valid gauge")),
+                Kind::IntGauge => {
+                    Series::IntGauge(IntGaugeVec::new(opts, def.labels).expect("valid gauge"))
+                }
+                Kind::Counter => {
+                    Series::Counter(IntCounterVec::new(opts, def.labels).expect("valid counter"))
+                }
+                Kind::Histogram(family) => {
+                    let opts = HistogramOpts::from(opts).buckets(buckets.get(family));
+                    Series::Histogram(HistogramVec::new(opts, def.labels).expect("valid histogram"))
+                }
+            };
+            let collector: Box<dyn Collector> = match &series {
+                Series::Gauge(c) => Box::new(c.clone()),
+                Series::IntGauge(c) => Box::new(c.clone()),
+                Series::Counter(c) => Box::new(c.clone()),
+                Series::Histogram(c) => Box::new(c.clone()),
+            };
+            registry
+                .register(collector)
+                .expect("family names are unique");
+            out.insert(def.name, series);
+        }
+        Registered(out)
     }
 
-    fn gauge(&self, name: &str, help: &str, extra: &[&str]) -> GaugeVec {
-        self.add(GaugeVec::new(Opts::new(name, help), &labels(extra)).expect("valid gauge"))
+    /// The family `name`, which the table declares (a name or kind that disagrees with
+    /// [`FAMILIES`] is a bug the unit tests catch at once).
+    fn get(&self, name: &str) -> &Series {
+        self.0
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not in FAMILIES"))
     }
 
-    fn int_gauge(&self, name: &str, help: &str, extra: &[&str]) -> IntGaugeVec {
-        self.add(IntGaugeVec::new(Opts::new(name, help), &labels(extra)).expect("valid gauge"))
+    fn gauge(&self, name: &str) -> GaugeVec {
+        match self.get(name) {
+            Series::Gauge(c) => c.clone(),
+            _ => panic!("{name} is not a float gauge in FAMILIES"),
+        }
     }
 
-    fn counter(&self, name: &str, help: &str, extra: &[&str]) -> IntCounterVec {
-        self.add(IntCounterVec::new(Opts::new(name, help), &labels(extra)).expect("valid counter"))
+    fn int_gauge(&self, name: &str) -> IntGaugeVec {
+        match self.get(name) {
+            Series::IntGauge(c) => c.clone(),
+            _ => panic!("{name} is not an integer gauge in FAMILIES"),
+        }
     }
 
-    fn histogram(&self, name: &str, help: &str, family: Family) -> HistogramVec {
-        let opts = HistogramOpts::new(name, help).buckets(self.buckets.get(family));
-        self.add(HistogramVec::new(opts, &LABELS).expect("valid histogram"))
+    fn counter(&self, name: &str) -> IntCounterVec {
+        match self.get(name) {
+            Series::Counter(c) => c.clone(),
+            _ => panic!("{name} is not a counter in FAMILIES"),
+        }
     }
-}
 
-fn labels<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    LABELS
-        .iter()
-        .copied()
-        .chain(extra.iter().copied())
-        .collect()
+    fn histogram(&self, name: &str) -> HistogramVec {
+        match self.get(name) {
+            Series::Histogram(c) => c.clone(),
+            _ => panic!("{name} is not a histogram in FAMILIES"),
+        }
+    }
 }
 
 impl EngineMetrics {
@@ -197,269 +243,54 @@ impl EngineMetrics {
     /// exist (at zero) from start-up.
     pub fn new(cfg: &MetricsConfig) -> Self {
         let registry = Registry::new();
-        let r = Reg {
-            registry: &registry,
-            buckets: &cfg.buckets,
-        };
-        let p = |s: &str| format!("ballast_{s}");
-
-        let running = r.int_gauge(
-            &p("num_requests_running"),
-            "Requests in the running batch (snapshot at the end of the step).",
-            &[],
-        );
-        let waiting = r.int_gauge(
-            &p("num_requests_waiting"),
-            "Requests waiting to run: capacity + deferred.",
-            &[],
-        );
-        let waiting_by_reason = r.int_gauge(
-            &p("num_requests_waiting_by_reason"),
-            "Waiting requests by reason: capacity (batch slots or KV blocks) or deferred (runnable capacity may exist but the tenant is at its running cap).",
-            &["reason"],
-        );
-        let kv_usage = r.gauge(
-            &p("kv_cache_usage_ratio"),
-            "KV blocks referenced by live requests / total blocks (evictable cached blocks count as free). Take max over engines, never the mean.",
-            &[],
-        );
-        let kv_tokens = r.int_gauge(
-            &p("kv_cache_tokens"),
-            "KV cache capacity in tokens by state: available (empty), evictable (cached prefix, unreferenced), used (referenced). The states sum to capacity.",
-            &["state"],
-        );
-        let utilization = r.gauge(
-            &p("utilization"),
-            "max(running / max_num_seqs, kv_cache_usage_ratio / 0.9).",
-            &[],
-        );
-        let gen_throughput = r.gauge(
-            &p("gen_throughput_tokens_per_second"),
-            "Generated tokens per second over the log window; 0 after 30 s without decode.",
-            &[],
-        );
-        let info = r.int_gauge(
-            &p("cache_config_info"),
-            "KV cache and batching configuration (value is always 1).",
-            &[
-                "block_size",
-                "num_blocks",
-                "enable_prefix_caching",
-                "max_num_seqs",
-                "max_num_batched_tokens",
-                "max_model_len",
-                "cache_dtype",
-            ],
-        );
-
-        let prompt_tokens = r.counter(
-            &p("prompt_tokens_total"),
-            "Prompt tokens of requests whose prefill completed.",
-            &[],
-        );
-        let prompt_by_source = r.counter(
-            &p("prompt_tokens_by_source_total"),
-            "Prompt tokens by where their KV came from: local_compute, local_cache_hit, external_kv_transfer. Sums to prompt_tokens_total.",
-            &["source"],
-        );
-        let generation_tokens = r.counter(&p("generation_tokens_total"), "Generated tokens.", &[]);
-        let preemptions = r.counter(
-            &p("num_preemptions_total"),
-            "Requests preempted (KV freed, recomputed later).",
-            &[],
-        );
-        let success = r.counter(
-            &p("request_success_total"),
-            "Finished requests by finish reason.",
-            &["finished_reason"],
-        );
-        let prefix_queries = r.counter(
-            &p("prefix_cache_queries_total"),
-            "Tokens looked up in the prefix cache by new requests.",
-            &[],
-        );
-        let prefix_hits = r.counter(
-            &p("prefix_cache_hits_total"),
-            "Tokens found in the prefix cache by new requests.",
-            &[],
-        );
-        let prefix_preempted_queries = r.counter(
-            &p("prefix_cache_preempted_queries_total"),
-            "Tokens looked up in the prefix cache by requests resuming after preemption.",
-            &[],
-        );
-        let prefix_preempted_hits = r.counter(
-            &p("prefix_cache_preempted_hits_total"),
-            "Tokens found in the prefix cache by requests resuming after preemption.",
-            &[],
-        );
-        let retracted_requests = r.counter(
-            &p("retracted_requests_total"),
-            "Requests whose computed KV was thrown away by preemption.",
-            &[],
-        );
-        let retracted_input = r.counter(
-            &p("retracted_input_tokens_total"),
-            "Computed prompt tokens thrown away by preemption.",
-            &[],
-        );
-        let retracted_output = r.counter(
-            &p("retracted_output_tokens_total"),
-            "Computed output tokens thrown away by preemption.",
-            &[],
-        );
-        let flops = r.counter(
-            &p("estimated_flops_per_gpu_total"),
-            "Floating-point operations by the analytic per-step model (per rank).",
-            &[],
-        );
-        let read_bytes = r.counter(
-            &p("estimated_read_bytes_per_gpu_total"),
-            "Bytes read (weights, KV context) by the analytic per-step model.",
-            &[],
-        );
-        let write_bytes = r.counter(
-            &p("estimated_write_bytes_per_gpu_total"),
-            "Bytes written (new KV) by the analytic per-step model.",
-            &[],
-        );
-
-        let h = |name: &str, help: &str, f| r.histogram(&p(name), help, f);
-        let ttft = h(
-            "time_to_first_token_seconds",
-            "Arrival to first token, frontend clock.",
-            Family::TimeToFirstToken,
-        );
-        let itl = h(
-            "inter_token_latency_seconds",
-            "Time between successive tokens of a request, engine clock.",
-            Family::InterTokenLatency,
-        );
-        let tpot = h(
-            "request_time_per_output_token_seconds",
-            "Decode time / (generated tokens - 1) per finished request with at least 2 tokens.",
-            Family::InterTokenLatency,
-        );
-        let e2e = h(
-            "e2e_request_latency_seconds",
-            "Arrival to finish, frontend clock.",
-            Family::RequestLatency,
-        );
-        let queue = h(
-            "request_queue_time_seconds",
-            "First queued to first scheduled.",
-            Family::RequestLatency,
-        );
-        let total_queue = h(
-            "request_total_queue_time_seconds",
-            "Time waiting across every (re-)queue, including after preemptions.",
-            Family::RequestLatency,
-        );
-        let prefill = h(
-            "request_prefill_time_seconds",
-            "First scheduled to first token.",
-            Family::RequestLatency,
-        );
-        let decode = h(
-            "request_decode_time_seconds",
-            "First token to last token.",
-            Family::RequestLatency,
-        );
-        let inference = h(
-            "request_inference_time_seconds",
-            "First scheduled to last token (prefill + decode).",
-            Family::RequestLatency,
-        );
-        let prompt_hist = h(
-            "request_prompt_tokens",
-            "Prompt tokens per finished request.",
-            Family::RequestTokens,
-        );
-        let gen_hist = h(
-            "request_generation_tokens",
-            "Generated tokens per finished request.",
-            Family::RequestTokens,
-        );
-        let iteration = h(
-            "iteration_tokens",
-            "Tokens computed per step.",
-            Family::IterationTokens,
-        );
-        let lifetime = h(
-            "kv_block_lifetime_seconds",
-            "Sampled KV blocks: allocation to eviction (with --kv-cache-metrics).",
-            Family::KvCacheResidency,
-        );
-        let idle = h(
-            "kv_block_idle_before_evict_seconds",
-            "Sampled KV blocks: last use to eviction (with --kv-cache-metrics).",
-            Family::KvCacheResidency,
-        );
-        let reuse = h(
-            "kv_block_reuse_gap_seconds",
-            "Sampled KV blocks: time between successive uses (with --kv-cache-metrics).",
-            Family::KvCacheResidency,
-        );
-
-        let dp_tokens = r.counter(
-            &p("dp_tokens_total"),
-            "Data-parallel tokens per rank: scheduled, and imbalance (max over ranks - this rank).",
-            &["kind"],
-        );
-        let dp_pairs = r.counter(
-            &p("dp_attention_pairs_total"),
-            "Data-parallel causal attention pairs per rank: scheduled, and imbalance (max - this rank).",
-            &["kind"],
-        );
-        let dp_steps = r.counter(
-            &p("dp_steps_total"),
-            "Lockstep steps by this rank's state: active (computed tokens) or idle.",
-            &["rank_state"],
-        );
-        let dp_sync = h(
-            "dp_sync_wait_seconds",
-            "Time this rank waited at the step barrier.",
-            Family::DpSyncWait,
-        );
-        let dp_ratio = h(
-            "dp_token_imbalance_ratio",
-            "max_tokens * num_ranks / sum_tokens per step (1 = balanced); observed by rank 0 only.",
-            Family::DpImbalanceRatio,
-        );
-
-        let rejections = r.counter(
-            &p("admission_rejections_total"),
-            "Requests turned away at the front door with HTTP 429, by reason (attributed to engine 0: no rank was chosen).",
-            &["reason"],
-        );
-        let http_requests = r.add(
-            IntCounterVec::new(
-                Opts::new(p("http_requests_total"), "HTTP requests by route template, method and status (health and metrics excluded)."),
-                &["model_name", "endpoint", "method", "status"],
-            )
-            .expect("valid counter"),
-        );
-        let http_duration = r.add(
-            HistogramVec::new(
-                HistogramOpts::new(
-                    p("http_request_duration_seconds"),
-                    "HTTP request duration until the response body ended.",
-                )
-                .buckets(cfg.buckets.get(Family::HttpRequestDuration)),
-                &["model_name", "endpoint", "method"],
-            )
-            .expect("valid histogram"),
-        );
-        let control_refused = r.add(
-            IntCounterVec::new(
-                Opts::new(
-                    p("control_requests_refused_total"),
-                    "Control-API (gRPC) calls refused as UNAUTHENTICATED, by reason: missing, malformed or wrong token.",
-                ),
-                &["model_name", "reason"],
-            )
-            .expect("valid counter"),
-        );
+        let f = Registered::new(&registry, &cfg.buckets);
+        let running = f.int_gauge("num_requests_running");
+        let waiting = f.int_gauge("num_requests_waiting");
+        let waiting_by_reason = f.int_gauge("num_requests_waiting_by_reason");
+        let kv_usage = f.gauge("kv_cache_usage_ratio");
+        let kv_tokens = f.int_gauge("kv_cache_tokens");
+        let utilization = f.gauge("utilization");
+        let gen_throughput = f.gauge("gen_throughput_tokens_per_second");
+        let info = f.int_gauge("cache_config_info");
+        let prompt_tokens = f.counter("prompt_tokens_total");
+        let prompt_by_source = f.counter("prompt_tokens_by_source_total");
+        let generation_tokens = f.counter("generation_tokens_total");
+        let preemptions = f.counter("num_preemptions_total");
+        let success = f.counter("request_success_total");
+        let prefix_queries = f.counter("prefix_cache_queries_total");
+        let prefix_hits = f.counter("prefix_cache_hits_total");
+        let prefix_preempted_queries = f.counter("prefix_cache_preempted_queries_total");
+        let prefix_preempted_hits = f.counter("prefix_cache_preempted_hits_total");
+        let retracted_requests = f.counter("retracted_requests_total");
+        let retracted_input = f.counter("retracted_input_tokens_total");
+        let retracted_output = f.counter("retracted_output_tokens_total");
+        let flops = f.counter("estimated_flops_per_gpu_total");
+        let read_bytes = f.counter("estimated_read_bytes_per_gpu_total");
+        let write_bytes = f.counter("estimated_write_bytes_per_gpu_total");
+        let ttft = f.histogram("time_to_first_token_seconds");
+        let itl = f.histogram("inter_token_latency_seconds");
+        let tpot = f.histogram("request_time_per_output_token_seconds");
+        let e2e = f.histogram("e2e_request_latency_seconds");
+        let queue = f.histogram("request_queue_time_seconds");
+        let total_queue = f.histogram("request_total_queue_time_seconds");
+        let prefill = f.histogram("request_prefill_time_seconds");
+        let decode = f.histogram("request_decode_time_seconds");
+        let inference = f.histogram("request_inference_time_seconds");
+        let prompt_hist = f.histogram("request_prompt_tokens");
+        let gen_hist = f.histogram("request_generation_tokens");
+        let iteration = f.histogram("iteration_tokens");
+        let lifetime = f.histogram("kv_block_lifetime_seconds");
+        let idle = f.histogram("kv_block_idle_before_evict_seconds");
+        let reuse = f.histogram("kv_block_reuse_gap_seconds");
+        let dp_tokens = f.counter("dp_tokens_total");
+        let dp_pairs = f.counter("dp_attention_pairs_total");
+        let dp_steps = f.counter("dp_steps_total");
+        let dp_sync = f.histogram("dp_sync_wait_seconds");
+        let dp_ratio = f.histogram("dp_token_imbalance_ratio");
+        let rejections = f.counter("admission_rejections_total");
+        let http_requests = f.counter("http_requests_total");
+        let http_duration = f.histogram("http_request_duration_seconds");
+        let control_refused = f.counter("control_requests_refused_total");
 
         let m = cfg.model_name.as_str();
         let control_refused = CONTROL_REFUSAL_REASONS
