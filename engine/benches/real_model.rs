@@ -9,23 +9,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use ballast_engine::compute::backend::KvDtype;
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::backend::{Backend, KvDtype};
 use ballast_engine::compute::model::{
-    KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
+    KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, Sequence, model_cache_dir,
 };
-use ballast_engine::step::StepMetadata;
 use rayon::prelude::*;
-
-fn step(
-    model: &LlamaModel<CpuBackend>,
-    cache: &mut <CpuBackend as Backend>::KvCache,
-    tokens: &[u32],
-    start: u32,
-) -> Vec<f32> {
-    let meta = StepMetadata::single_sequence(tokens, start, 16, vec![tokens.len() as u32 - 1]);
-    model.forward(cache, &meta).data
-}
 
 /// Read bandwidth of all threads summing a 512 MiB buffer, best of three (bytes/s).
 fn read_bandwidth() -> f64 {
@@ -87,19 +76,18 @@ fn main() {
         .collect();
     let blocks = (prompt_len + decode_len).div_ceil(16) + 1;
     // Warm the map and the caches once.
-    let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(blocks, 16));
-    step(&model, &mut cache, &prompt[..16.min(prompt_len)], 0);
+    Sequence::new(&model, blocks * 16, 16).feed(&model, &prompt[..16.min(prompt_len)]);
 
-    let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(blocks, 16));
+    let mut seq = Sequence::new(&model, blocks * 16, 16);
     let t = Instant::now();
-    let logits = step(&model, &mut cache, &prompt, 0);
+    let logits = seq.feed(&model, &prompt).data;
     let prefill = t.elapsed().as_secs_f64();
     let mut next = (0..logits.len())
         .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
         .unwrap() as u32;
     let t = Instant::now();
-    for p in 0..decode_len {
-        let l = step(&model, &mut cache, &[next], (prompt_len + p) as u32);
+    for _ in 0..decode_len {
+        let l = seq.feed(&model, &[next]).data;
         next = (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
     }
     let decode = t.elapsed().as_secs_f64();

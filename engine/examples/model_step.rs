@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ballast_engine::compute::backend::Backend;
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::model::{LlamaModel, LlamaWeights, ModelSource, ResolvedModel};
-use ballast_engine::step::StepMetadata;
+use ballast_engine::compute::model::{
+    LlamaModel, LlamaWeights, ModelSource, ResolvedModel, Sequence,
+};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -33,14 +33,9 @@ fn main() {
     let spec = resolved.spec;
     let weights = Arc::new(LlamaWeights::upload(&CpuBackend, &spec, (*tensors).clone()));
     let model = LlamaModel::new(spec.clone(), CpuBackend, weights);
-    let bs = 16u32;
-    let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(64, bs as usize));
-    let step = |cache: &mut _, tokens: &[u32], start: u32| {
-        let meta = StepMetadata::single_sequence(tokens, start, bs, vec![tokens.len() as u32 - 1]);
-        model.forward(cache, &meta).data
-    };
+    let mut seq = Sequence::new(&model, 64 * 16, 16);
     let t = Instant::now();
-    let logits = step(&mut cache, &ids, 0);
+    let logits = seq.feed(&model, &ids).data;
     let prefill = t.elapsed();
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
@@ -50,8 +45,8 @@ fn main() {
     let mut next = order[0] as u32;
     let mut out = vec![next];
     let t = Instant::now();
-    for p in 0..gen_n.saturating_sub(1) {
-        let l = step(&mut cache, &[next], (ids.len() + p) as u32);
+    for _ in 0..gen_n.saturating_sub(1) {
+        let l = seq.feed(&model, &[next]).data;
         next = (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
         out.push(next);
     }

@@ -16,12 +16,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use ballast_engine::compute::backend::KvDtype;
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::backend::{Backend, KvDtype};
 use ballast_engine::compute::model::{
-    LlamaModel, LlamaWeights, ModelSource, ResolvedModel, model_cache_dir,
+    LlamaModel, LlamaWeights, ModelSource, ResolvedModel, Sequence, model_cache_dir,
 };
-use ballast_engine::step::StepMetadata;
 use serde_json::Value;
 
 /// Top-2 margins (nats, in llama.cpp's log-softmax) below which a position is a near-tie.
@@ -156,9 +155,9 @@ fn teacher_forced_q4_k_m_agrees_with_llama_server_outside_near_ties() {
             .copied()
             .collect();
         let rows: Vec<u32> = (prompt.len() as u32 - 1..tokens.len() as u32).collect();
-        let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(8, 16));
-        let meta = StepMetadata::single_sequence(&tokens, 0, 16, rows);
-        let logits = model.forward(&mut cache, &meta).data;
+        let logits = Sequence::new(&model, 128, 16)
+            .feed_rows(&model, &tokens, rows)
+            .data;
         for (p, (row, s)) in logits.chunks(vocab).zip(steps).enumerate() {
             let top = u32s(&s["top_ids"]);
             let lp: Vec<f32> = s["top_logprobs"]

@@ -7,12 +7,12 @@
 
 use std::sync::Arc;
 
+use ballast_engine::compute::backend::KvDtype;
 use ballast_engine::compute::backend::cpu::CpuBackend;
-use ballast_engine::compute::backend::{Backend, KvDtype};
 use ballast_engine::compute::model::{
-    KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, cached_model_or_skip,
+    KNOWN_MODELS, LlamaModel, LlamaWeights, ModelSource, ResolvedModel, Sequence,
+    cached_model_or_skip,
 };
-use ballast_engine::step::StepMetadata;
 use serde_json::{Value, json};
 
 mod common;
@@ -60,30 +60,6 @@ fn model() -> Option<LlamaModel<CpuBackend>> {
         (*tensors).clone(),
     ));
     Some(LlamaModel::new(resolved.spec, CpuBackend, weights))
-}
-
-/// Logits after `tokens`, computed on top of `start` cached tokens of a single sequence
-/// whose blocks are 0, 1, 2, ….
-fn step(
-    model: &LlamaModel<CpuBackend>,
-    cache: &mut <CpuBackend as Backend>::KvCache,
-    tokens: &[u32],
-    start: u32,
-) -> Vec<f32> {
-    let last = tokens.len() as u32 - 1;
-    step_rows(model, cache, tokens, start, vec![last])
-}
-
-/// Like [`step`], returning the logits of rows `rows` of `tokens`, one after another.
-fn step_rows(
-    model: &LlamaModel<CpuBackend>,
-    cache: &mut <CpuBackend as Backend>::KvCache,
-    tokens: &[u32],
-    start: u32,
-    rows: Vec<u32>,
-) -> Vec<f32> {
-    let meta = StepMetadata::single_sequence(tokens, start, 16, rows);
-    model.forward(cache, &meta).data
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -141,8 +117,8 @@ fn check_greedy(model: &LlamaModel<CpuBackend>, dtype: KvDtype, want_key: &str, 
         let other_kv = ids(&case[other_key]);
         let mut layout = model.kv_layout(8, 16);
         layout.dtype = dtype;
-        let mut cache = CpuBackend.alloc_kv_cache(layout);
-        let first = step(model, &mut cache, &prompt, 0);
+        let mut seq = Sequence::with_layout(model, layout);
+        let first = seq.feed(model, &prompt).data;
 
         let top = ids(&case["top_ids"]);
         let top_logits: Vec<f32> = case["top_logits"]
@@ -172,8 +148,7 @@ fn check_greedy(model: &LlamaModel<CpuBackend>, dtype: KvDtype, want_key: &str, 
             if got.len() == want.len() {
                 break;
             }
-            let pos = (prompt.len() + i) as u32;
-            logits = step(model, &mut cache, &[got[i]], pos);
+            logits = seq.feed(model, &[got[i]]).data;
             got.push(argmax(&logits));
         }
         let run = |other: &[u32]| got.iter().zip(other).take_while(|(a, b)| a == b).count();
@@ -249,8 +224,9 @@ fn teacher_forced_top1_agrees_with_llama_cpp() {
             .copied()
             .collect();
         let rows: Vec<u32> = (prompt.len() as u32 - 1..tokens.len() as u32).collect();
-        let mut cache = CpuBackend.alloc_kv_cache(model.kv_layout(8, 16));
-        let logits = step_rows(&model, &mut cache, &tokens, 0, rows);
+        let logits = Sequence::new(&model, 128, 16)
+            .feed_rows(&model, &tokens, rows)
+            .data;
         for (row, &want) in logits.chunks(vocab).zip(&greedy) {
             same += usize::from(argmax(row) == want);
             total += 1;

@@ -1,7 +1,9 @@
 //! Builders the engine's unit tests, integration tests and benches share, so that a
 //! change to what a request or a scheduler needs is made once: greedy requests that run to
-//! their length, and a scheduler with the ledgers it shares with the front door. Not part
-//! of the engine's API.
+//! their length, and a scheduler with the ledgers it shares with the front door. A model
+//! is driven without a scheduler through [`crate::compute::model::Sequence`] (its own paged
+//! KV cache), the same way in unit tests, integration tests, benches and examples. Not
+//! part of the engine's API.
 
 use std::sync::Arc;
 

@@ -528,7 +528,7 @@ mod tests {
     }
 
     fn logits(model: &LlamaModel<CpuBackend>, tokens: &[u32]) -> Vec<f32> {
-        crate::compute::model::llama::prefill_logits(model, tokens).data
+        crate::compute::model::sequence::prefill_logits(model, tokens).data
     }
 
     fn load(dir: &Path) -> (LlamaModel<CpuBackend>, Arc<dyn Tokenizer>) {

@@ -257,26 +257,11 @@ impl<B: Backend> LlamaModel<B> {
     }
 }
 
-/// Logits of every position of `tokens` as one prefill of a fresh sequence (blocks of 4):
-/// what the loaders' tests compare between weight sources.
-#[cfg(test)]
-pub(crate) fn prefill_logits(
-    model: &LlamaModel<crate::compute::backend::cpu::CpuBackend>,
-    tokens: &[u32],
-) -> crate::compute::backend::cpu::CpuTensor {
-    let n = tokens.len() as u32;
-    let mut cache = model
-        .backend
-        .alloc_kv_cache(model.kv_layout(n.div_ceil(4) as usize, 4));
-    let meta = StepMetadata::single_sequence(tokens, 0, 4, (0..n).collect());
-    model.forward(&mut cache, &meta)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::compute::backend::cpu::{CpuBackend, CpuTensor};
-    use crate::step::SeqSlice;
+    use crate::compute::model::Sequence;
 
     const BLOCK: usize = 4;
 
@@ -284,32 +269,17 @@ mod tests {
         LlamaModel::synthetic(ModelSpec::synthetic("tiny").unwrap(), CpuBackend, 7)
     }
 
-    /// One sequence whose blocks are 0, 1, 2, …: computes `tokens[start..end]` on top of
-    /// `start` cached tokens and returns the logits of every computed row.
+    /// Computes `tokens[start..end]` after the `start` tokens `seq` holds and returns the
+    /// logits of every computed row.
     fn step(
         m: &LlamaModel<CpuBackend>,
-        cache: &mut <CpuBackend as Backend>::KvCache,
+        seq: &mut Sequence<CpuBackend>,
         tokens: &[u32],
         start: usize,
         end: usize,
     ) -> CpuTensor {
-        let blocks: Vec<u32> = (0..end.div_ceil(BLOCK) as u32).collect();
-        let meta = StepMetadata {
-            token_ids: tokens[start..end].to_vec(),
-            positions: (start as u32..end as u32).collect(),
-            slot_mapping: (start as u32..end as u32).collect(),
-            seqs: vec![SeqSlice {
-                query_start: 0,
-                query_len: (end - start) as u32,
-                context_len: start as u32,
-                block_table_start: 0,
-                block_table_len: blocks.len() as u32,
-            }],
-            block_tables: blocks,
-            logits_rows: (0..(end - start) as u32).collect(),
-            block_size: BLOCK as u32,
-        };
-        m.forward(cache, &meta)
+        assert_eq!(seq.len() as usize, start);
+        seq.feed_rows(m, &tokens[start..end], (0..(end - start) as u32).collect())
     }
 
     fn tokens() -> Vec<u32> {
@@ -327,9 +297,9 @@ mod tests {
     fn decode_with_kv_cache_equals_full_recompute() {
         let m = model();
         let t = tokens();
-        let mut full_cache = CpuBackend.alloc_kv_cache(m.kv_layout(16, BLOCK));
+        let mut full_cache = Sequence::new(&m, 16 * BLOCK, BLOCK);
         let full = step(&m, &mut full_cache, &t, 0, t.len());
-        let mut cache = CpuBackend.alloc_kv_cache(m.kv_layout(16, BLOCK));
+        let mut cache = Sequence::new(&m, 16 * BLOCK, BLOCK);
         step(&m, &mut cache, &t, 0, 5);
         for p in 5..t.len() {
             let one = step(&m, &mut cache, &t, p, p + 1);
@@ -341,10 +311,10 @@ mod tests {
     fn chunked_prefill_equals_unchunked() {
         let m = model();
         let t = tokens();
-        let mut cache = CpuBackend.alloc_kv_cache(m.kv_layout(16, BLOCK));
+        let mut cache = Sequence::new(&m, 16 * BLOCK, BLOCK);
         let whole = step(&m, &mut cache, &t, 0, t.len());
         for chunk in [1, 3, 4, 7] {
-            let mut cache = CpuBackend.alloc_kv_cache(m.kv_layout(16, BLOCK));
+            let mut cache = Sequence::new(&m, 16 * BLOCK, BLOCK);
             let mut start = 0;
             let mut last = None;
             while start < t.len() {
@@ -361,7 +331,7 @@ mod tests {
     fn logits_are_not_degenerate() {
         let m = model();
         let t = tokens();
-        let mut cache = CpuBackend.alloc_kv_cache(m.kv_layout(16, BLOCK));
+        let mut cache = Sequence::new(&m, 16 * BLOCK, BLOCK);
         let out = step(&m, &mut cache, &t, 0, t.len());
         let row = out.row(out.rows - 1);
         let mean = row.iter().sum::<f32>() / row.len() as f32;

@@ -280,7 +280,7 @@ mod tests {
     }
 
     fn logits(model: &LlamaModel<CpuBackend>, tokens: &[u32]) -> CpuTensor {
-        crate::compute::model::llama::prefill_logits(model, tokens)
+        crate::compute::model::sequence::prefill_logits(model, tokens)
     }
 
     fn from_file(bytes: Vec<u8>) -> LlamaModel<CpuBackend> {
