@@ -1,5 +1,6 @@
 //! Compiles the engine control API's client from the engine's .proto (the operator talks to
-//! engines over the network only, so it shares the wire contract, not the engine crate),
+//! engines over the network only, so it shares the wire contract, not the engine crate) and
+//! its server trait, which the reconcile tests implement to stand in for an engine,
 //! and KEDA's external-scaler service (`proto/keda/`, vendored), whose server the operator
 //! runs with `--keda-port` and whose client its tests call it with.
 
@@ -8,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={proto}");
     let fds = protox::compile([proto], ["../engine/proto"])?;
     tonic_prost_build::configure()
-        .build_server(false)
+        .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;
 

@@ -3,9 +3,12 @@
 //! and the bodies written — create, a no-op on an unchanged spec, the status patch, the
 //! scale-subresource path, an invalid spec, a model volume, an API error with its
 //! backoff, deletion costs before a scale-down, rotation through the readiness gate, and
-//! what the status says of generations, pods under an invalid spec and a rollout. Where a
-//! scenario needs a decision on signals, engines' metrics endpoints run on loopback
-//! addresses (127.0.0.x, one per pod IP) and the control period is one second.
+//! what the status says of generations, pods under an invalid spec and a rollout, and DP
+//! weights pushed over an engine's control API. Where a scenario needs a decision on
+//! signals, engines' metrics endpoints run on loopback addresses (127.0.0.x, one per pod
+//! IP) and the control period is one second; where it needs an engine's control API, a
+//! stand-in serves the gRPC service over TLS with the pair the operator put in the
+//! service's Secret.
 //!
 //! The real API server (admission, CEL, server-side apply semantics) is the e2e suite's
 //! job; here every request is checked for method, path, parameters and content.
@@ -16,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ballast_crds::InferenceService;
+use ballast_operator::control::proto as control;
 use ballast_operator::metrics::OperatorMetrics;
 use ballast_operator::reconcile::{Config, Context, error_policy, reconcile};
 use http::{Request, Response, StatusCode};
@@ -1207,4 +1211,179 @@ async fn updated_replicas_follows_the_deployment_rollout() {
             "generation {generation}, observed {observed}, updated {updated}"
         );
     }
+}
+
+/// An engine's control API as the operator sees it, standing in for a DP engine: it serves
+/// the TLS pair of the service's Secret and records each `SetDpWeights` call with the
+/// `authorization` header it carried. Other calls are not needed here.
+#[derive(Clone, Default)]
+struct ControlStandIn {
+    calls: Arc<Mutex<Vec<WeightsCall>>>,
+}
+
+/// The weights a `SetDpWeights` call asked for, and its `authorization` header.
+type WeightsCall = (Vec<f64>, Option<String>);
+
+type StatsStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<control::StatsSnapshot, tonic::Status>> + Send>,
+>;
+
+#[tonic::async_trait]
+impl control::engine_control_server::EngineControl for ControlStandIn {
+    type StreamStatsStream = StatsStream;
+
+    async fn get_stats(
+        &self,
+        _: tonic::Request<control::GetStatsRequest>,
+    ) -> Result<tonic::Response<control::StatsSnapshot>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+
+    async fn stream_stats(
+        &self,
+        _: tonic::Request<control::StreamStatsRequest>,
+    ) -> Result<tonic::Response<StatsStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+
+    async fn set_dp_weights(
+        &self,
+        req: tonic::Request<control::SetDpWeightsRequest>,
+    ) -> Result<tonic::Response<control::SetDpWeightsResponse>, tonic::Status> {
+        let auth = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        let weights = req.into_inner().weights;
+        self.calls.lock().unwrap().push((weights.clone(), auth));
+        Ok(tonic::Response::new(control::SetDpWeightsResponse {
+            weights,
+        }))
+    }
+
+    async fn drain(
+        &self,
+        _: tonic::Request<control::DrainRequest>,
+    ) -> Result<tonic::Response<control::DrainResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+
+    async fn resume(
+        &self,
+        _: tonic::Request<control::ResumeRequest>,
+    ) -> Result<tonic::Response<control::ResumeResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+
+    async fn reset_prefix_cache(
+        &self,
+        _: tonic::Request<control::ResetPrefixCacheRequest>,
+    ) -> Result<tonic::Response<control::ResetPrefixCacheResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+}
+
+/// A key of the stored control-token Secret, as text.
+fn secret_text(server: &Shared, key: &str) -> String {
+    let s = server.lock().unwrap();
+    let data = s.objects[TOKEN_SECRET]["data"][key].clone();
+    let bytes: k8s_openapi::ByteString = serde_json::from_value(data).unwrap();
+    String::from_utf8(bytes.0).unwrap()
+}
+
+/// Serves `stand_in` on `listener` over TLS with the Secret's serving pair.
+fn serve_control(server: &Shared, listener: tokio::net::TcpListener, stand_in: ControlStandIn) {
+    let identity = tonic::transport::Identity::from_pem(
+        secret_text(server, "tls.crt"),
+        secret_text(server, "tls.key"),
+    );
+    let router = tonic::transport::Server::builder()
+        .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+        .unwrap()
+        .add_service(control::engine_control_server::EngineControlServer::new(
+            stand_in,
+        ));
+    let incoming = futures::stream::unfold(listener, |l| async move {
+        let accepted = l.accept().await.map(|(stream, _)| stream);
+        Some((accepted, l))
+    });
+    tokio::spawn(router.serve_with_incoming(incoming));
+}
+
+/// A two-rank engine's metrics: the tokens each rank has scheduled so far.
+fn dp_metrics(rank0: u64, rank1: u64) -> String {
+    let mut body = String::new();
+    for (rank, tokens) in [(0, rank0), (1, rank1)] {
+        body.push_str(&format!(
+            "ballast_num_requests_running{{engine=\"{rank}\",model_name=\"m\"}} 1\n\
+             ballast_num_requests_waiting_by_reason{{engine=\"{rank}\",model_name=\"m\",reason=\"capacity\"}} 0\n\
+             ballast_num_requests_waiting_by_reason{{engine=\"{rank}\",model_name=\"m\",reason=\"deferred\"}} 0\n\
+             ballast_kv_cache_usage_ratio{{engine=\"{rank}\",model_name=\"m\"}} 0.2\n\
+             ballast_dp_tokens_total{{engine=\"{rank}\",kind=\"scheduled\",model_name=\"m\"}} {tokens}\n"
+        ));
+    }
+    body.push_str(
+        "ballast_admission_rejections_total{engine=\"0\",model_name=\"m\",reason=\"max_num_queued_reqs\"} 0\n",
+    );
+    body
+}
+
+#[tokio::test]
+async fn dp_weights_go_over_the_control_api_when_the_ranks_are_imbalanced() {
+    let ips = ["127.0.0.1"];
+    let (port, bodies) = engines(&ips).await;
+    *bodies[0].lock().unwrap() = dp_metrics(1000, 1000);
+    let control_listener = tokio::net::TcpListener::bind((ips[0], 0)).await.unwrap();
+    let grpc_port = control_listener.local_addr().unwrap().port();
+    let server = Shared::default();
+    set_pod(&server, "chat-a", ips[0], Some(true));
+    // The pod runs the engine with the control API's TLS on, as the Deployment builds it.
+    server
+        .lock()
+        .unwrap()
+        .objects
+        .get_mut(&format!("{PODS}/chat-a"))
+        .unwrap()["spec"] = json!({
+        "containers": [{"name": "engine", "env": [
+            {"name": "BALLAST_CONTROL_TLS_CERT", "value": "/var/run/ballast/control/tls.crt"}
+        ]}]
+    });
+    let i = isvc(&format!(
+        "{{model: {{source: 'synthetic:tiny'}}, replicas: 1, \
+         engine: {{port: {port}, grpcPort: {grpc_port}, dataParallelSize: 2}}, \
+         metrics: {{scrapeIntervalSeconds: 1, scrapeTimeoutSeconds: 1}}, autoscaling: {{enabled: false}}}}"
+    ));
+    store(&server, &i);
+    let ctx = context(&server);
+    // The first period makes the Secret (token and TLS pair) and seeds the rates.
+    reconcile(Arc::new(i), Arc::clone(&ctx)).await.unwrap();
+    let stand_in = ControlStandIn::default();
+    serve_control(&server, control_listener, stand_in.clone());
+    let token = token_lines(&server)[0].clone();
+
+    // Over the period rank 0 scheduled 900 tokens and rank 1 100: a ratio of 1.8, above
+    // the default 1.5. Even weights divided by the shares give rank 1 nine times rank 0's.
+    *bodies[0].lock().unwrap() = dp_metrics(1900, 1100);
+    next_period().await;
+    reconcile(Arc::new(stored(&server)), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let calls = stand_in.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (weights, auth) = &calls[0];
+    assert_eq!(auth.as_deref(), Some(format!("Bearer {token}").as_str()));
+    assert_eq!(weights.len(), 2);
+    assert!(
+        (weights[0] - 0.1).abs() < 1e-9 && (weights[1] - 0.9).abs() < 1e-9,
+        "{weights:?}"
+    );
+
+    // Balanced under the new weights (500 each): nothing more to push.
+    *bodies[0].lock().unwrap() = dp_metrics(2400, 1600);
+    next_period().await;
+    reconcile(Arc::new(stored(&server)), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert_eq!(stand_in.calls.lock().unwrap().len(), 1);
 }
