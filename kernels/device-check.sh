@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check of the CUDA backend, in one script:
-#   1. every kernel against its CPU reference on random input (kernels/tests/device.rs);
+#   1. every kernel against its CPU reference on random input (kernels/tests/it/device.rs);
 #   2. every backend op against the CPU backend, and greedy decoding of synthetic models on
-#      both backends, token for token (engine/tests/cuda.rs);
+#      both backends, token for token (engine/tests/it/cuda.rs);
 #   3. the benchmarks of docs/benchmarks.md: copy bandwidth, paged decode attention at
-#      Llama-3-8B shapes, batch-1 decode of synthetic:llama-3-8b (engine/tests/cuda.rs,
+#      Llama-3-8B shapes, batch-1 decode of synthetic:llama-3-8b (engine/tests/it/cuda.rs,
 #      device_benchmarks), written as Markdown to $OUT/device-check.md when OUT is set.
 #
 # Usage (from anywhere in the repository):
@@ -28,17 +28,19 @@ build() {
     mkdir -p "$dir"
     local list
     list=$(mktemp)
-    # Release test binaries: the kernel device tests and the engine's CUDA tests.
-    if ! cargo test --release -p ballast-kernels --test device --no-run --message-format=json >"$list" ||
-        ! cargo test --release -p ballast-engine --test cuda --no-run --message-format=json >>"$list"; then
-        echo "device-check: FAILED to build" >&2
-        return 1
-    fi
-    for name in device cuda; do
-        local exe
-        exe=$(grep -o "\"executable\":\"[^\"]*/deps/${name}-[^\"]*\"" "$list" | tail -1 | cut -d'"' -f4)
+    # Release test binaries (each crate's one, `it`): the kernels' device tests and the
+    # engine's CUDA tests are modules of them, run by name below.
+    local crate name exe
+    for pair in ballast-kernels:device ballast-engine:cuda; do
+        crate=${pair%%:*}
+        name=${pair#*:}
+        if ! cargo test --release -p "$crate" --test it --no-run --message-format=json >"$list"; then
+            echo "device-check: FAILED to build" >&2
+            return 1
+        fi
+        exe=$(grep -o "\"executable\":\"[^\"]*/deps/it-[^\"]*\"" "$list" | tail -1 | cut -d'"' -f4)
         if [ -z "$exe" ]; then
-            echo "device-check: no test binary named $name in cargo's output" >&2
+            echo "device-check: no test binary of $crate in cargo's output" >&2
             return 1
         fi
         cp "$exe" "$dir/$name"
@@ -84,12 +86,12 @@ run() {
     local start
     start=$(date +%s)
     echo "=== kernels against their CPU references ===" | tee "$log"
-    "$dir/device" --include-ignored --test-threads=1 2>&1 | tee -a "$log" || status=1
+    "$dir/device" device:: --include-ignored --test-threads=1 2>&1 | tee -a "$log" || status=1
     echo "=== CUDA backend against the CPU backend ===" | tee -a "$log"
-    "$dir/cuda" --include-ignored --test-threads=1 --skip device_benchmarks 2>&1 | tee -a "$log" || status=1
+    "$dir/cuda" cuda:: --include-ignored --test-threads=1 --skip device_benchmarks 2>&1 | tee -a "$log" || status=1
     echo "=== benchmarks ===" | tee -a "$log"
     BALLAST_BENCH_OUT="$out/device-check.md" \
-        "$dir/cuda" --ignored --exact device_benchmarks --nocapture 2>&1 | tee -a "$log" || status=1
+        "$dir/cuda" --ignored --exact cuda::device_benchmarks --nocapture 2>&1 | tee -a "$log" || status=1
     echo
     echo "=== device-check summary ($(($(date +%s) - start)) s) ==="
     grep -E '^test .* \.\.\. (ok|FAILED|ignored)' "$log" | sed 's/^test /  /'

@@ -28,7 +28,7 @@ pub(crate) const MAX_RESENDS: u32 = 1;
 
 /// hyper's message for a connection that closed before a whole response came (its
 /// `IncompleteMessage`). hyper is not a direct dependency, so its error is recognised by
-/// its text; `bench/tests/keep_alive.rs` breaks if hyper ever words it differently.
+/// its text; `bench/tests/it/keep_alive.rs` breaks if hyper ever words it differently.
 const CLOSED_BEFORE_RESPONSE: &str = "connection closed before message completed";
 
 /// Whether a failed `send()` means the server closed or reset the connection before any

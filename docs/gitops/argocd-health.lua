@@ -3,7 +3,7 @@
 -- Argo CD sets the global `obj` to the live object and reads `status` and `message`
 -- from the table this returns. Written for Argo CD's Lua (5.1, with only the base and
 -- table libraries open: no string or math functions), and tested with Lua 5.4 by
--- cli/tests/gitops.rs.
+-- cli/tests/it/gitops.rs.
 
 local function condition(status, kind)
   if status.conditions == nil then

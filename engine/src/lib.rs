@@ -6,7 +6,7 @@
 //! ([`compute`]); what a step records is spoken in [`step`]'s vocabulary and turned into
 //! `/metrics`, log lines and traces by [`telemetry`]. [`config`] is what the flags mean.
 //!
-//! The rooms depend in one direction only, checked by `cli/tests/architecture.rs`:
+//! The rooms depend in one direction only, checked by `cli/tests/it/architecture.rs`:
 //! `api` → `runtime` → `telemetry` → `config` → `compute` → `step`.
 
 pub mod api;

@@ -20,7 +20,7 @@
 //!
 //! What has been run where: on machines without a GPU, the tests compile every source for
 //! `compute_90` with NVRTC 11.8 and check each entry point is in the PTX, and check the CPU
-//! references against the engine. The `#[ignore]`d tests in `tests/device.rs` launch every
+//! references against the engine. The `#[ignore]`d tests in `tests/it/device.rs` launch every
 //! kernel on a GPU and compare it with its reference; `kernels/device-check.sh` runs them.
 
 #![warn(missing_docs)]

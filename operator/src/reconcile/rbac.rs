@@ -1,7 +1,7 @@
 //! Every Kubernetes API call `ballast operator` makes, as RBAC needs to grant it: the
 //! operator's declared API access. The Helm chart's roles (from
 //! `charts/ballast/files/operator-*-rules.yaml`) must grant exactly this list;
-//! `charts/helm/tests/rbac.rs` fails on anything missing or extra, in both of the chart's
+//! `charts/helm/tests/it/rbac.rs` fails on anything missing or extra, in both of the chart's
 //! modes. Change this list in the same commit as the call that needs it.
 //!
 //! What is granted where follows `--namespace`: without it the operator watches every

@@ -1,5 +1,5 @@
 //! `histogram_quantile` against Prometheus' semantics, and the counter-reset rule on each
-//! kind of counter; fleet scenarios are in `operator/tests/scrape_aggregate.rs`.
+//! kind of counter; fleet scenarios are in `operator/tests/it/scrape_aggregate.rs`.
 
 use super::*;
 

@@ -1,5 +1,5 @@
 //! The combination rules on small hand-made expositions; whole real-format expositions are
-//! in `operator/tests/scrape_fixtures.rs`.
+//! in `operator/tests/it/scrape_fixtures.rs`.
 
 use super::*;
 use crate::scrape::parser::parse;

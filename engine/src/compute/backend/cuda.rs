@@ -17,7 +17,7 @@
 //!   `StepGraph`, [`GRAPH_BATCHES`]) replay pure decode steps captured at fixed batch
 //!   sizes, one launch per step instead of several hundred.
 //!
-//! Nothing here has run on a GPU yet: `engine/tests/cuda.rs` holds the GPU tests and
+//! Nothing here has run on a GPU yet: `engine/tests/it/cuda.rs` holds the GPU tests and
 //! benchmarks, run by `kernels/device-check.sh`.
 //!
 //! A driver error in the middle of a step (a lost device, an out-of-memory) has no sensible
