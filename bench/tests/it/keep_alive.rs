@@ -113,6 +113,16 @@ async fn server(serve_first: usize, serve: usize, close: Close) -> (String, Arc<
     (url, counts)
 }
 
+/// `counter` once the server's tasks have counted what the client already saw: they count
+/// an answer after writing it, so the client can finish first. Waits up to 2 s for `want`.
+async fn settled(counter: &AtomicU64, want: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while counter.load(Ordering::SeqCst) != want && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    counter.load(Ordering::SeqCst)
+}
+
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
@@ -146,7 +156,7 @@ async fn a_kept_alive_connection_closed_before_the_answer_is_resent_not_failed()
         // the next request then opens a new pooled connection.
         assert_eq!(r.requests.retried, 6, "{close:?}: {:?}", r.requests);
         assert_eq!(counts.dropped.load(Ordering::SeqCst), 6, "{close:?}");
-        assert_eq!(counts.answered.load(Ordering::SeqCst), 13, "{close:?}");
+        assert_eq!(settled(&counts.answered, 13).await, 13, "{close:?}");
         assert!(
             r.render_table().contains("6 resent"),
             "{}",
@@ -181,7 +191,7 @@ async fn a_server_that_never_answers_is_failed_after_bounded_resends() {
     let r = bench(&url, "--concurrency 2 --num-requests 6").await;
     assert_eq!((r.requests.ok, r.requests.failed), (0, 6));
     assert_eq!(r.requests.retried, 6, "one resend each");
-    assert_eq!(counts.answered.load(Ordering::SeqCst), 1, "the probe only");
+    assert_eq!(settled(&counts.answered, 1).await, 1, "the probe only");
     assert!(
         r.errors.iter().any(|e| e
             .message
