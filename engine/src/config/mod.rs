@@ -619,7 +619,7 @@ pub struct EngineConfig {
     /// Where the weights come from.
     pub source: ModelSource,
     /// The device the model runs on (`--device`): checked for its libraries while
-    /// validating, opened only where the engine starts ([`ComputeBackend::open`]).
+    /// validating, opened only where the engine starts ([`crate::compute::device::ComputeBackend::open`]).
     pub device: Device,
     /// Replay CUDA decode steps from graphs (`--cuda-graphs`).
     pub cuda_graphs: bool,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// Prefix-cache activity since the last [`KvCacheManager::take_stats`] (take-and-reset: a
+/// Prefix-cache activity since the last [`crate::runtime::kv::KvCacheManager::take_stats`] (take-and-reset: a
 /// step's snapshot carries only what happened in that step).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrefixCacheStats {

@@ -95,7 +95,7 @@ pub fn router(engine: Engine) -> Router {
 ///    `--drain-timeout`;
 /// 3. the connections close, the rank threads stop, and it returns.
 ///
-/// Throughout, connections are served with the limits of [`conn`]: `--max-connections`,
+/// Throughout, connections are served with the limits of [`ballast_serve::Connections`]: `--max-connections`,
 /// the header and idle timeouts, and (in the handlers) the body timeout.
 pub async fn serve(
     engine: Engine,

@@ -1,7 +1,7 @@
 //! The compute backend seen by the model: a small set of tensor operations over device
-//! buffers, driven one batched step ([`StepMetadata`], from [`crate::step`]) at a time.
+//! buffers, driven one batched step ([`crate::step::StepMetadata`], from [`crate::step`]) at a time.
 //!
-//! The scheduler never sees a backend. It hands the model runner a [`StepMetadata`] (host
+//! The scheduler never sees a backend. It hands the model runner a [`crate::step::StepMetadata`] (host
 //! arrays describing which tokens of which sequences to compute and where their KV lives),
 //! and the runner drives a [`Backend`]. The CPU backend is the reference; the CUDA backend
 //! implements the same trait and must produce the same greedy tokens for the same weight

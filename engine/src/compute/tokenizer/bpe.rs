@@ -197,7 +197,7 @@ impl BpeTokenizer {
     ///
     /// Requires `tokenizer.ggml.model = "gpt2"` (byte-level BPE; SentencePiece `llama` and
     /// others are [`TokenizerError::UnsupportedModel`]), a `tokenizer.ggml.pre` among
-    /// [`SUPPORTED_PRE_TOKENIZERS`], the merges and the EOS id. Tokens typed control (3) or
+    /// [`super::SUPPORTED_PRE_TOKENIZERS`], the merges and the EOS id. Tokens typed control (3) or
     /// user defined (4) become special tokens matched in the text before BPE. Token strings
     /// that repeat keep their first id. EOS ids ([`Tokenizer::eos_token_ids`]) are the EOS
     /// token, then control tokens whose text marks an end of turn (`<|im_end|>`,

@@ -41,7 +41,7 @@ pub const QK: usize = 32;
 /// Elements in one k-quant super-block.
 pub const QK_K: usize = 256;
 
-/// The types [`dequantize`] decodes, in the order error messages list them.
+/// The types [`super::dequantize`] decodes, in the order error messages list them.
 pub const DEQUANTIZABLE: [GgmlType; 13] = [
     GgmlType::F32,
     GgmlType::F16,
@@ -196,7 +196,7 @@ impl GgmlType {
         (n / self.block_elems()).checked_mul(self.block_bytes())
     }
 
-    /// Whether [`dequantize`] handles this type.
+    /// Whether [`super::dequantize`] handles this type.
     pub fn can_dequantize(self) -> bool {
         DEQUANTIZABLE.contains(&self)
     }

@@ -120,7 +120,7 @@ impl TensorInfo {
 /// against the file length.
 #[derive(Debug, Clone)]
 pub struct GgufHeader {
-    /// Format version (always [`GGUF_VERSION`] once parsed).
+    /// Format version (always [`super::GGUF_VERSION`] once parsed).
     pub version: u32,
     /// Metadata pairs.
     pub metadata: Metadata,

@@ -45,7 +45,7 @@ impl<D: Deref<Target = [u8]> + Send + Sync + 'static> GgufFile<D> {
     /// names: `token_embd`, `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm,
     /// ffn_gate, ffn_up, ffn_down}`, `output_norm`, and `output` unless the embeddings are tied.
     ///
-    /// Each tensor's dims and type are checked. Quantized matrices ([`WEIGHT_TYPES`]) borrow
+    /// Each tensor's dims and type are checked. Quantized matrices ([`super::WEIGHT_TYPES`]) borrow
     /// the file's bytes; F32, F16 and BF16 ones are expanded to f32.
     pub fn llama_tensors(
         self: &Arc<Self>,
