@@ -139,6 +139,30 @@ fn per_rank<B: Backend + Clone, E: Executor + 'static>(
         .collect()
 }
 
+/// Tells glibc's allocator to serve large buffers from its heaps and keep freed memory, rather
+/// than map each large buffer afresh and unmap it when freed. A CPU step allocates buffers of
+/// megabytes (logits, attention scratch, activations of a batch) and frees them at its end; as
+/// fresh mappings each page of them faulted in and was zeroed on every step, which a profile
+/// of 16 concurrent streams showed as about 4 % of the engine's time (page faults, page
+/// clearing, unmapping; docs/benchmarks.md). Skipped where the user set glibc's own
+/// `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_`, and on other C libraries.
+fn keep_large_buffers_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some()
+            || std::env::var_os("MALLOC_TRIM_THRESHOLD_").is_some()
+        {
+            return;
+        }
+        // SAFETY: mallopt only changes allocator parameters; it is called before the ranks'
+        // threads start allocating step buffers.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
+        }
+    }
+}
+
 /// A running engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -158,6 +182,7 @@ impl Engine {
         }
         let (executors, tokenizer) = match &backend {
             ComputeBackend::Cpu => {
+                keep_large_buffers_mapped();
                 let (model, tokenizer) = build_model(&config, CpuBackend);
                 if let ModelSource::Gguf { file, .. } = &config.source
                     && crate::compute::backend::quant::panel_kernel_available()

@@ -16,6 +16,7 @@ use ballast_engine::compute::model::{
 use serde_json::{Value, json};
 
 use crate::common;
+use common::argmax;
 
 /// With llama.cpp's own tokens fed back (teacher forcing), each step's top-1 is compared
 /// without one early difference derailing the rest.
@@ -60,10 +61,6 @@ fn model() -> Option<LlamaModel<CpuBackend>> {
         (*tensors).clone(),
     ));
     Some(LlamaModel::new(resolved.spec, CpuBackend, weights))
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap() as u32
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -218,15 +215,7 @@ fn teacher_forced_top1_agrees_with_llama_cpp() {
         let prompt = ids(&case["prompt_ids"]);
         let greedy = ids(&case["greedy_ids"]);
         // Prompt plus llama.cpp's continuation in one step; row p predicts token p + 1.
-        let tokens: Vec<u32> = prompt
-            .iter()
-            .chain(&greedy[..greedy.len() - 1])
-            .copied()
-            .collect();
-        let rows: Vec<u32> = (prompt.len() as u32 - 1..tokens.len() as u32).collect();
-        let logits = Sequence::new(&model, 128, 16)
-            .feed_rows(&model, &tokens, rows)
-            .data;
+        let logits = common::teacher_forced(&model, &prompt, &greedy);
         for (row, &want) in logits.chunks(vocab).zip(&greedy) {
             same += usize::from(argmax(row) == want);
             total += 1;

@@ -5,8 +5,9 @@ use rayon::prelude::*;
 
 pub use super::tensor::CpuTensor;
 
+use super::attention::attention;
 use super::quant::{self, QuantKernel, QuantMatrix};
-use super::simd::{KvElement, axpy_strided, dot, dot4, dots_strided};
+use super::simd::{dot, dot4};
 use super::{Backend, HostWeight, KvDtype, KvLayout, RopeStyle};
 use crate::step::StepMetadata;
 
@@ -430,11 +431,25 @@ impl Backend for CpuBackend {
         num_heads: usize,
     ) -> CpuTensor {
         match (&cache.k[layer], &cache.v[layer]) {
-            (KvArray::F32(k), KvArray::F32(v)) => attention(q, k, v, cache.layout, meta, num_heads),
+            (KvArray::F32(k), KvArray::F32(v)) => attention(
+                q,
+                k,
+                v,
+                cache.layout,
+                (&meta.meta, &meta.row_seq),
+                num_heads,
+            ),
             (KvArray::F16(k), KvArray::F16(v)) => {
                 use half::slice::HalfBitsSliceExt;
                 let (k, v) = (k.reinterpret_cast::<half::f16>(), v.reinterpret_cast());
-                attention(q, k, v, cache.layout, meta, num_heads)
+                attention(
+                    q,
+                    k,
+                    v,
+                    cache.layout,
+                    (&meta.meta, &meta.row_seq),
+                    num_heads,
+                )
             }
             _ => unreachable!("K and V of a layer share the cache's element type"),
         }
@@ -468,90 +483,6 @@ impl Backend for CpuBackend {
         }
         out
     }
-}
-
-/// Paged attention over one layer's keys and values, stored as `T` (f32 or f16).
-fn attention<T: KvElement>(
-    q: &CpuTensor,
-    keys: &[T],
-    values: &[T],
-    layout: KvLayout,
-    meta: &CpuStepMeta,
-    num_heads: usize,
-) -> CpuTensor
-where
-    f32: From<T>,
-{
-    let d = layout.head_dim;
-    let group = num_heads / layout.num_kv_heads;
-    let bs = meta.meta.block_size as usize;
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut out = CpuTensor::zeros(q.rows, q.cols);
-    // A task serves one token and `per` query heads of one KV head's group (their outputs
-    // are adjacent). With the whole group, each block of keys and values is read from
-    // memory once and from L1 for the group's other heads; that is the choice when there
-    // are enough (token, KV head) pairs to keep every thread busy (decode batches, long
-    // prefills). A single sequence's decode step has as few tasks as KV heads, so there a
-    // task takes one query head and the threads share the work evenly.
-    let tasks_per_token = layout.num_kv_heads;
-    let per = if q.rows * tasks_per_token >= 4 * rayon::current_num_threads() {
-        group
-    } else {
-        1
-    };
-    let chunks_per_token = num_heads / per;
-    out.data
-        .par_chunks_mut(per * d)
-        .with_min_len(2)
-        .enumerate()
-        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, o)| {
-            let (t, h0) = (i / chunks_per_token, i % chunks_per_token * per);
-            let kv_head = h0 / group;
-            let seq = &meta.meta.seqs[meta.row_seq[t] as usize];
-            let table = meta.meta.block_table(seq);
-            let pos = seq.context_len as usize + (t - seq.query_start as usize);
-            let len = pos + 1;
-            let q_at = t * q.cols + h0 * d;
-            let qs = &q.data[q_at..q_at + per * d];
-            let stride = layout.token_stride();
-            // Positions 0..=pos, one KV block at a time: the keys of a block are `stride`
-            // apart in the layer's array, starting at the block's first slot.
-            let runs = || {
-                (0..=pos).step_by(bs).map(move |j0| {
-                    let n = bs.min(pos + 1 - j0);
-                    let at = table[j0 / bs] as usize * bs * stride + kv_head * d;
-                    (j0, n, at..at + (n - 1) * stride + d)
-                })
-            };
-            // Scores of the task's head j at [j * len, (j + 1) * len).
-            scores.clear();
-            scores.resize(per * len, 0.0);
-            for (j0, n, rows) in runs() {
-                let keys = &keys[rows];
-                for (qh, s) in qs.chunks_exact(d).zip(scores.chunks_exact_mut(len)) {
-                    dots_strided(qh, keys, stride, scale, &mut s[j0..j0 + n]);
-                }
-            }
-            for s in scores.chunks_exact_mut(len) {
-                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for v in s.iter_mut() {
-                    *v = (*v - max).exp();
-                    sum += *v;
-                }
-                let inv = 1.0 / sum;
-                for v in s.iter_mut() {
-                    *v *= inv;
-                }
-            }
-            for (j0, n, rows) in runs() {
-                let values = &values[rows];
-                for (oh, s) in o.chunks_exact_mut(d).zip(scores.chunks_exact(len)) {
-                    axpy_strided(&s[j0..j0 + n], values, stride, oh);
-                }
-            }
-        });
-    out
 }
 
 #[cfg(test)]
@@ -762,7 +693,7 @@ mod tests {
                 d: 4 * (1 + rng.below(4) as usize),
             };
             let block_size = 1 + rng.below(8) as usize;
-            let num_blocks = 64;
+            let num_blocks = 2048;
             let layout = KvLayout {
                 num_layers: 1,
                 num_blocks,
@@ -784,8 +715,11 @@ mod tests {
             };
             let mut seqs = Vec::new();
             for _ in 0..1 + rng.below(3) {
-                let context = rng.below(12) as usize;
-                let q_len = 1 + rng.below(6) as usize;
+                // Short and long contexts (past the tiled path's spans of keys), decode rows
+                // and short chunks (a token at a time) beside prefill chunks (tiles).
+                let context = rng.below(if case % 3 == 0 { 600 } else { 12 }) as usize;
+                let longest = if rng.below(2) == 0 { 6 } else { 40 };
+                let q_len = 1 + rng.below(longest) as usize;
                 let total = context + q_len;
                 let blocks: Vec<u32> = (0..total.div_ceil(block_size))
                     .map(|_| free.pop().unwrap())

@@ -8,6 +8,7 @@
 //! types (f32, and bf16 through a bf16 GEMM on both). Quantized files are the exception: the
 //! CPU multiplies their blocks directly, the GPU expands them to bf16.
 
+mod attention;
 mod contract;
 pub mod cpu;
 pub mod cuda;

@@ -1212,12 +1212,135 @@ enum Simd {
     Vnni,
 }
 
+/// The CPU kernel family `BALLAST_CPU_KERNEL` pins, for checking each path a CPU can take on
+/// one machine (the agreement tests run the model on every one) and for measuring them side
+/// by side. Unset or `auto`: the fastest this CPU runs.
+///
+/// | value | weights | products |
+/// | --- | --- | --- |
+/// | `avx512-panels` | panels | the AVX-512 VNNI kernel (where the CPU has it) |
+/// | `emulated-panels` | panels | the AVX-512 kernel's own logic on emulated operations (k-quants and Q5; Q4/Q8 panels: the reference loop) |
+/// | `portable-panels` | panels | the reference loop over panels |
+/// | `avx-vnni` | the file's rows | AVX-VNNI (where the CPU has it, else AVX2) |
+/// | `avx2` | the file's rows | AVX2 |
+/// | `portable` | the file's rows | portable code |
+///
+/// `BALLAST_NO_AVX512=1` and `BALLAST_NO_VNNI=1` (older switches) still take effect under
+/// `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuKernel {
+    /// The fastest this CPU runs.
+    Auto,
+    /// Panels and the AVX-512 VNNI kernel.
+    Avx512Panels,
+    /// Panels and the AVX-512 kernel on emulated operations.
+    EmulatedPanels,
+    /// Panels and the reference loops.
+    PortablePanels,
+    /// The file's rows and AVX-VNNI.
+    AvxVnni,
+    /// The file's rows and AVX2.
+    Avx2,
+    /// The file's rows and portable code.
+    Portable,
+}
+
+impl CpuKernel {
+    /// Every value, in the order of the table above (after `Auto`).
+    pub const ALL: [CpuKernel; 6] = [
+        CpuKernel::Avx512Panels,
+        CpuKernel::EmulatedPanels,
+        CpuKernel::PortablePanels,
+        CpuKernel::AvxVnni,
+        CpuKernel::Avx2,
+        CpuKernel::Portable,
+    ];
+
+    /// The value `BALLAST_CPU_KERNEL` takes for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuKernel::Auto => "auto",
+            CpuKernel::Avx512Panels => "avx512-panels",
+            CpuKernel::EmulatedPanels => "emulated-panels",
+            CpuKernel::PortablePanels => "portable-panels",
+            CpuKernel::AvxVnni => "avx-vnni",
+            CpuKernel::Avx2 => "avx2",
+            CpuKernel::Portable => "portable",
+        }
+    }
+
+    /// Parses a `BALLAST_CPU_KERNEL` value.
+    pub fn parse(s: &str) -> Option<CpuKernel> {
+        if s.is_empty() || s == "auto" {
+            return Some(CpuKernel::Auto);
+        }
+        CpuKernel::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// Whether this CPU can run it: the hardware kernels need their instructions.
+    pub fn runs_here(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            match self {
+                CpuKernel::Avx512Panels => {
+                    has!("avx512f") && has!("avx512bw") && has!("avx512vnni")
+                }
+                CpuKernel::AvxVnni => avx2 && has!("avxvnni"),
+                CpuKernel::Avx2 => avx2,
+                _ => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        !matches!(
+            self,
+            CpuKernel::Avx512Panels | CpuKernel::AvxVnni | CpuKernel::Avx2
+        )
+    }
+}
+
+/// The kernel family this process uses (`BALLAST_CPU_KERNEL`, read once). An unknown value,
+/// or one this CPU cannot run, is reported on stderr and `auto` is used.
+pub fn cpu_kernel() -> CpuKernel {
+    use std::sync::OnceLock;
+    static KERNEL: OnceLock<CpuKernel> = OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        let Some(v) = std::env::var_os("BALLAST_CPU_KERNEL") else {
+            return CpuKernel::Auto;
+        };
+        let v = v.to_string_lossy();
+        match CpuKernel::parse(&v) {
+            Some(k) if k.runs_here() => k,
+            Some(_) => {
+                eprintln!("BALLAST_CPU_KERNEL={v}: this CPU cannot run it; using auto");
+                CpuKernel::Auto
+            }
+            None => {
+                let names: Vec<_> = CpuKernel::ALL.iter().map(|k| k.name()).collect();
+                eprintln!(
+                    "BALLAST_CPU_KERNEL={v} is not one of auto, {}; using auto",
+                    names.join(", ")
+                );
+                CpuKernel::Auto
+            }
+        }
+    })
+}
+
 fn detect_simd() -> Simd {
+    match cpu_kernel() {
+        CpuKernel::Portable | CpuKernel::PortablePanels | CpuKernel::EmulatedPanels => {
+            return Simd::Portable;
+        }
+        _ => {}
+    }
     #[cfg(target_arch = "x86_64")]
     {
         use std::is_x86_feature_detected as has;
         if has!("avx2") && has!("fma") && has!("f16c") {
-            if !env_flag("BALLAST_NO_VNNI") && has!("avxvnni") {
+            let vnni_off = env_flag("BALLAST_NO_VNNI") || cpu_kernel() == CpuKernel::Avx2;
+            if !vnni_off && has!("avxvnni") {
                 return Simd::Vnni;
             }
             return Simd::Avx2;
@@ -1252,8 +1375,11 @@ fn use_simd(kernel: QuantKernel) -> Simd {
 /// `avx512-vnni panels` where weights are repacked ([`QuantMatrix::for_this_cpu`]), otherwise
 /// the row-layout kernel [`QuantKernel::Auto`] picks: `avx-vnni`, `avx2` or `portable`.
 pub fn int8_kernel_name() -> &'static str {
-    if panel::available() {
-        return "avx512-vnni panels";
+    match cpu_kernel() {
+        CpuKernel::EmulatedPanels => return "emulated avx512-vnni panels",
+        CpuKernel::PortablePanels => return "portable panels",
+        _ if panel::available() => return "avx512-vnni panels",
+        _ => {}
     }
     match use_simd(QuantKernel::Auto) {
         Simd::Portable => "portable",
@@ -1320,6 +1446,10 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
         QuantKernel::Gemm => true,
         QuantKernel::Int8 | QuantKernel::Portable => false,
     };
+    if gemm && m >= GEMM_BY_ROWS {
+        gemm_by_rows(x, w, &mut out);
+        return out;
+    }
     if gemm {
         // Slabs big enough to amortise packing x, small enough to stay in L2 as f32.
         let per = n
@@ -1363,6 +1493,71 @@ pub fn matmul(x: &CpuTensor, w: &QuantMatrix, kernel: QuantKernel) -> CpuTensor 
     int8_matmuls(&act, &[(w, ptr)], use_simd(kernel));
     out
 }
+
+/// From this many activation rows on, the GEMM path splits the rows of `x` between tasks
+/// rather than the weight rows ([`gemm_by_rows`]).
+const GEMM_BY_ROWS: usize = 256;
+
+/// Weight values [`gemm_by_rows`] expands to f32 at a time, at most (8 MiB).
+const GEMM_BLOCK_VALUES: usize = 2 << 20;
+
+/// The GEMM path for long prefill chunks. Split by weight rows, every task's GEMM packs all
+/// of `x` again (2,048 rows × 576 are 4.7 MB); at 2,048-token prompts that packing was 27 %
+/// of an AVX2 prefill (`PROFILES=prefill2048 BALLAST_CPU_KERNEL=avx2
+/// scripts/profile-engine.sh`). Here blocks of weight rows (all of them for the matrices of a
+/// small model) are expanded to f32 once, in parallel, and each task multiplies a chunk of
+/// `x`'s rows by the whole block: `x` is packed once, the block once per chunk. Every output
+/// is the same GEMM's sum as in the slab path, so the results do not change.
+fn gemm_by_rows(x: &CpuTensor, w: &QuantMatrix, out: &mut CpuTensor) {
+    gemm_by_rows_in(x, w, out, GEMM_BLOCK_VALUES)
+}
+
+/// [`gemm_by_rows`], expanding at most `block_values` weight values at a time.
+fn gemm_by_rows_in(x: &CpuTensor, w: &QuantMatrix, out: &mut CpuTensor, block_values: usize) {
+    let (m, n, k) = (x.rows, w.rows, w.cols);
+    let per_block = (block_values / k).clamp(LANES_MIN, n.max(LANES_MIN));
+    let chunk = m.div_ceil(2 * rayon::current_num_threads().max(1)).max(64);
+    let mut block = Vec::new();
+    for j0 in (0..n).step_by(per_block) {
+        let cols = per_block.min(n - j0);
+        block.resize(cols * k, 0.0f32);
+        block
+            .par_chunks_mut(k)
+            .enumerate()
+            .for_each(|(r, row)| w.dequantize_row(j0 + r, row));
+        let block = &block;
+        out.data
+            .par_chunks_mut(chunk * n)
+            .enumerate()
+            .for_each(|(c, o)| {
+                let rows = o.len() / n;
+                // SAFETY: x is [m, k] row-major and rows c·chunk.. of it exist; the block is
+                // [cols, k] row-major, read transposed with strides (1, k); the output is this
+                // task's `rows` rows of [m, n], columns j0..j0 + cols.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        rows,
+                        k,
+                        cols,
+                        1.0,
+                        x.data.as_ptr().add(c * chunk * k),
+                        k as isize,
+                        1,
+                        block.as_ptr(),
+                        1,
+                        k as isize,
+                        0.0,
+                        o.as_mut_ptr().add(j0),
+                        n as isize,
+                        1,
+                    );
+                }
+            });
+    }
+}
+
+/// Fewest weight rows [`gemm_by_rows`] expands at a time, however wide the matrix.
+const LANES_MIN: usize = 16;
 
 /// Several products of the same `x` (Q, K and V; gate and up): `x` is quantized once and
 /// all of them share one parallel pass. Same results as calling [`matmul`] on each.
@@ -1804,6 +1999,32 @@ mod tests {
                     assert!(
                         (e - p).abs() <= *bound,
                         "{format:?} m={m}: exact {e}, kernel {p}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn long_chunks_split_by_rows_give_the_dequantized_product() {
+        let mut rng = SplitMix64::new(12);
+        for format in [QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            let w = random_matrix(format, 70, 96, &mut rng);
+            for m in [GEMM_BY_ROWS, 300, 701] {
+                let x = random_x(m, 96, &mut rng);
+                let (exact, _) = dequantized_product(&x, &w);
+                let whole = matmul(&x, &w, QuantKernel::Auto);
+                // Blocks of 16 weight rows: five blocks, the last one short.
+                let mut blocks = CpuTensor::zeros(m, 70);
+                gemm_by_rows_in(&x, &w, &mut blocks, 16 * 96);
+                for ((e, a), b) in exact.iter().zip(&whole.data).zip(&blocks.data) {
+                    assert!(
+                        (e - a).abs() <= 1e-3 * (1.0 + e.abs()),
+                        "{format:?} m={m}: {e} vs {a}"
+                    );
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+                        "{format:?} m={m}, by blocks: {a} vs {b}"
                     );
                 }
             }

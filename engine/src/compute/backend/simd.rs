@@ -356,6 +356,80 @@ mod avx2 {
             }
         }
     }
+
+    /// e^x in each lane by [`super::exp`]'s steps, with FMAs.
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        use super::exp_consts as c;
+        unsafe {
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            );
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(c::LN2_HI), x);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(c::LN2_LO), r);
+            let mut p = _mm256_set1_ps(c::P[0]);
+            for &k in &c::P[1..] {
+                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k));
+            }
+            let e = _mm256_fmadd_ps(
+                _mm256_mul_ps(p, r),
+                r,
+                _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+            );
+            // 2ⁿ, built in the exponent field; lanes below the smallest normal result are 0.
+            let two_n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            )));
+            let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(c::LOWEST));
+            _mm256_and_ps(_mm256_mul_ps(e, two_n), keep)
+        }
+    }
+
+    /// [`super::softmax`] with eight lanes: the maximum, e^(s − max) and their sum, then
+    /// the scaling.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax(s: &mut [f32]) {
+        unsafe {
+            let n = s.len();
+            let p = s.as_mut_ptr();
+            let full = n / 8 * 8;
+            // The tail padded with −∞: its lanes add nothing to the maximum or the sum.
+            let mut tail = [f32::NEG_INFINITY; 8];
+            tail[..n - full].copy_from_slice(&s[full..]);
+            let mut m = _mm256_loadu_ps(tail.as_ptr());
+            let mut i = 0;
+            while i < full {
+                m = _mm256_max_ps(m, _mm256_loadu_ps(p.add(i)));
+                i += 8;
+            }
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+            let max = _mm256_set1_ps(_mm_cvtss_f32(m));
+            let mut sum = _mm256_setzero_ps();
+            i = 0;
+            while i < full {
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), max));
+                _mm256_storeu_ps(p.add(i), e);
+                sum = _mm256_add_ps(sum, e);
+                i += 8;
+            }
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), max));
+            _mm256_storeu_ps(tail.as_mut_ptr(), e);
+            sum = _mm256_add_ps(sum, e);
+            let inv = _mm256_set1_ps(1.0 / hsum(sum));
+            i = 0;
+            while i < full {
+                _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+                i += 8;
+            }
+            let inv = _mm256_cvtss_f32(inv);
+            for (d, e) in s[full..].iter_mut().zip(tail) {
+                *d = e * inv;
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -392,6 +466,72 @@ pub fn dot4(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
     dot4_generic(x, w)
 }
 
+/// The constants of [`exp`]: ln 2 split in two so that `x − n·ln 2` is exact to f32's
+/// precision, and the coefficients (highest degree first) of a polynomial `P` with
+/// `e^r ≈ 1 + r + r²·P(r)` on |r| ≤ ln 2 / 2 (Cephes' `expf` minimax fit).
+mod exp_consts {
+    pub const LN2_HI: f32 = 355.0 / 512.0;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    #[allow(clippy::excessive_precision)] // the fit's digits, as published
+    pub const P: [f32; 6] = [
+        1.987_569_150_0e-4,
+        1.398_199_950_7e-3,
+        8.333_451_907_3e-3,
+        4.166_579_589_4e-2,
+        1.666_666_545_9e-1,
+        5.000_000_120_1e-1,
+    ];
+    /// Below this, e^x is under f32's smallest normal number and taken as 0.
+    pub const LOWEST: f32 = -87.33;
+}
+
+/// e^x for x ≤ 0 (what [`softmax`] passes), to within about 2 ulp for normal results and 0
+/// below [`exp_consts::LOWEST`] (and for −∞): `x = n·ln 2 + r`, `e^x = 2ⁿ·e^r`, e^r by a
+/// polynomial. Attention's softmax calls it once per score; a libm call per element was
+/// a fifth of a 2,048-token prefill.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    use exp_consts as c;
+    if x.is_nan() {
+        return x;
+    }
+    if x < c::LOWEST {
+        return 0.0;
+    }
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = x - n * c::LN2_HI - n * c::LN2_LO;
+    let p = c::P[1..].iter().fold(c::P[0], |p, &k| p * r + k);
+    let e = p * r * r + (r + 1.0);
+    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `s` ← softmax(`s`) in place: e^(sᵢ − max) / Σ. The exponential is [`exp`]'s.
+#[inline]
+pub fn softmax(s: &mut [f32]) {
+    if s.is_empty() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports the features the function was compiled for.
+        return unsafe { avx2::softmax(s) };
+    }
+    softmax_generic(s)
+}
+
+fn softmax_generic(s: &mut [f32]) {
+    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in s.iter_mut() {
+        *v = exp(*v - max);
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in s.iter_mut() {
+        *v *= inv;
+    }
+}
+
 /// An element type of the KV cache the strided attention kernels read: f32 or f16.
 pub trait KvElement: Copy + Send + Sync + 'static
 where
@@ -405,6 +545,8 @@ where
     #[cfg(target_arch = "x86_64")]
     #[doc(hidden)]
     unsafe fn axpy_avx2(p: &[f32], base: &[Self], stride: usize, y: &mut [f32]);
+    /// `dst` ← `src` as f32 (exact); the two are as long.
+    fn widen(src: &[Self], dst: &mut [f32]);
 }
 
 impl KvElement for f32 {
@@ -418,6 +560,9 @@ impl KvElement for f32 {
         // SAFETY: forwarded from the caller.
         unsafe { avx2::axpy_strided(p, base, stride, y) }
     }
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
 }
 
 impl KvElement for half::f16 {
@@ -430,6 +575,10 @@ impl KvElement for half::f16 {
     unsafe fn axpy_avx2(p: &[f32], base: &[half::f16], stride: usize, y: &mut [f32]) {
         // SAFETY: forwarded from the caller.
         unsafe { avx2::axpy_strided_f16(p, base, stride, y) }
+    }
+    fn widen(src: &[half::f16], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
     }
 }
 
@@ -497,6 +646,58 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Within `ulps` units in the last place of f32 of `want` (computed in f64).
+    fn close(got: f32, want: f64, ulps: f64) -> bool {
+        let ulp = (want.abs() as f32).max(f32::MIN_POSITIVE);
+        let ulp = f64::from(f32::from_bits(ulp.to_bits() + 1) - ulp);
+        (f64::from(got) - want).abs() <= ulps * ulp
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_of_the_exact_value() {
+        let mut worst = 0.0f64;
+        for i in 0..=87_000 {
+            let x = -(i as f32) * 1e-3 - (i % 7) as f32 * 1.3e-4;
+            let want = f64::from(x).exp();
+            let got = exp(x);
+            assert!(close(got, want, 2.0), "e^{x}: {got} vs {want}");
+            worst = worst.max((f64::from(got) - want).abs() / want);
+        }
+        assert!(worst > 0.0, "the test compares something");
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-88.0), 0.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn softmax_matches_the_exact_one_on_every_path() {
+        for n in [1usize, 2, 7, 8, 9, 16, 31, 100, 1000] {
+            let s: Vec<f32> = (0..n)
+                .map(|i| (i as f32 * 0.917).sin() * 40.0 - (i % 5) as f32 * 9.0)
+                .collect();
+            // sᵢ − max rounded to f32 as every f32 softmax rounds it; the rest exact.
+            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f64> = s.iter().map(|&v| f64::from(v - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            let mut generic = s.clone();
+            softmax_generic(&mut generic);
+            let mut auto = s.clone();
+            softmax(&mut auto);
+            for (i, w) in e.iter().enumerate() {
+                let want = w / sum;
+                for (path, got) in [("portable", generic[i]), ("auto", auto[i])] {
+                    assert!(
+                        (f64::from(got) - want).abs() <= 6e-7 * want + 1e-30,
+                        "{path}, n={n}, element {i}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        let mut empty: [f32; 0] = [];
+        softmax(&mut empty);
+    }
 
     #[test]
     fn dot_and_axpy_match_scalar_loops() {

@@ -164,3 +164,28 @@ pub async fn sse_events(resp: reqwest::Response) -> Vec<String> {
         })
         .collect()
 }
+
+/// Index of the largest value.
+pub fn argmax(v: &[f32]) -> u32 {
+    (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap() as u32
+}
+
+/// Teacher-forced logits: `prompt` and all but the last token of `continuation` fed through
+/// `model` in one step; row `p` of the result (`vocab_size` wide) predicts `continuation[p]`.
+pub fn teacher_forced(
+    model: &ballast_engine::compute::model::LlamaModel<
+        ballast_engine::compute::backend::cpu::CpuBackend,
+    >,
+    prompt: &[u32],
+    continuation: &[u32],
+) -> Vec<f32> {
+    let tokens: Vec<u32> = prompt
+        .iter()
+        .chain(&continuation[..continuation.len() - 1])
+        .copied()
+        .collect();
+    let rows: Vec<u32> = (prompt.len() as u32 - 1..tokens.len() as u32).collect();
+    ballast_engine::compute::model::Sequence::new(model, 128, 16)
+        .feed_rows(model, &tokens, rows)
+        .data
+}

@@ -303,12 +303,15 @@ pub(super) fn matmuls(act: &Q8Rows, jobs: &[(&QuantMatrix, &KPanels, OutPtr)], p
             (0..count.div_ceil(per)).map(move |s| (i, s * per..((s + 1) * per).min(count)))
         })
         .collect();
-    let simd = !portable && super::panel::available();
+    let simd = !portable && super::panel::simd();
+    let emulated = !portable && super::cpu_kernel() == super::CpuKernel::EmulatedPanels;
     slabs.into_par_iter().for_each(|(i, panels)| {
         let (w, p, out) = jobs[i];
         for r0 in (0..m).step_by(ROW_CHUNK) {
             let rows = r0..(r0 + ROW_CHUNK).min(m);
-            if simd {
+            if emulated {
+                emulated_dots(w, p, panels.clone(), act, rows, out);
+            } else if simd {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `available` checked the CPU's features; `p` was packed from `w`,
                 // whose width is `act`'s; the rows exist in `act`; the output is `[m, w.rows]`
@@ -767,8 +770,8 @@ impl Isa for Avx512 {
 // A super-block is eight blocks of 32: the sub-block walk relies on it.
 const _: () = assert!(SUPER_BLOCK == 8 * BLOCK);
 
-/// [`dots_with`] on [`Emulated`] (tests).
-#[cfg(test)]
+/// [`dots_with`] on [`Emulated`]: the AVX-512 kernel's logic on any CPU (the tests, and
+/// `BALLAST_CPU_KERNEL=emulated-panels`).
 pub(super) fn emulated_dots(
     w: &QuantMatrix,
     p: &KPanels,
@@ -783,10 +786,8 @@ pub(super) fn emulated_dots(
 
 /// The kernel's operations on arrays, lane for lane as the AVX-512 instructions define them,
 /// so the tests run the AVX-512 kernel's logic on any CPU.
-#[cfg(test)]
 pub(super) struct Emulated;
 
-#[cfg(test)]
 mod emulated {
     use super::{Emulated, Isa, LANES};
 

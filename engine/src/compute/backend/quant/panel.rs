@@ -190,7 +190,7 @@ impl Panels {
 }
 
 /// Whether this CPU runs the AVX-512 kernel (and `BALLAST_NO_AVX512` is unset or empty).
-pub fn available() -> bool {
+pub fn hardware() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
@@ -205,6 +205,27 @@ pub fn available() -> bool {
         #[cfg(not(target_arch = "x86_64"))]
         false
     })
+}
+
+/// Whether the engine repacks its weights into panels: where the AVX-512 kernel runs, or where
+/// `BALLAST_CPU_KERNEL` asks for panels multiplied by other means (the reference loops, or the
+/// AVX-512 kernel on emulated operations).
+pub fn available() -> bool {
+    use super::CpuKernel;
+    match super::cpu_kernel() {
+        CpuKernel::Auto | CpuKernel::Avx512Panels => hardware(),
+        CpuKernel::PortablePanels | CpuKernel::EmulatedPanels => true,
+        CpuKernel::AvxVnni | CpuKernel::Avx2 | CpuKernel::Portable => false,
+    }
+}
+
+/// Whether panel products run the AVX-512 instructions (rather than a reference loop).
+pub(super) fn simd() -> bool {
+    use super::CpuKernel;
+    matches!(
+        super::cpu_kernel(),
+        CpuKernel::Auto | CpuKernel::Avx512Panels
+    ) && hardware()
 }
 
 /// Products of `act` with each panel matrix of `jobs`, into each job's `[m, w.rows]` output,
@@ -224,7 +245,7 @@ pub(super) fn matmuls(act: &Q8Rows, jobs: &[(&QuantMatrix, &Panels, OutPtr)], po
             (0..count.div_ceil(per)).map(move |s| (i, s * per..((s + 1) * per).min(count)))
         })
         .collect();
-    let simd = !portable && available();
+    let simd = !portable && simd();
     slabs.into_par_iter().for_each(|(i, panels)| {
         let (w, p, out) = jobs[i];
         for r0 in (0..m).step_by(ROW_CHUNK) {
