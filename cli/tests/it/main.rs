@@ -4,6 +4,7 @@
 //! fleet never share the machine's two cores with another module's processes.
 
 mod architecture;
+mod bad_model;
 mod cluster;
 mod common;
 mod control_auth;
