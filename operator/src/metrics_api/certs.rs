@@ -341,7 +341,7 @@ pub async fn ensure(
     Ok(pem)
 }
 
-/// Keeps the certificate: [`ensure`] now, then every [`CHECK_EVERY`] (every 10 s after a
+/// Keeps the certificate: [`ensure`] now, then every 10 minutes (every 10 s after a
 /// failure), logging what fails.
 pub fn keep(client: Client, settings: Settings, serving: Arc<ServingCert>) {
     tokio::spawn(async move {

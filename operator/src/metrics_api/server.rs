@@ -1,6 +1,6 @@
 //! The HTTPS server: flags, the accept loop (a connection cap, a handshake timeout, HTTP/1
 //! and HTTP/2 with a header timeout), and each request through authentication,
-//! authorization and the [`api`](super::api).
+//! authorization and the API ([`super::api`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

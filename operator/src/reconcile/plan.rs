@@ -1,5 +1,5 @@
 //! Step 3: what this reconcile will make true. The shared control period
-//! ([`ControlPeriod`](crate::period::ControlPeriod): scrape → aggregate → decide →
+//! ([`crate::period::ControlPeriod`]: scrape → aggregate → decide →
 //! record) runs on the snapshot's ready pods when it is due, or decides again on its last
 //! signals when the spec changed since its last decision; the plan is the replica count
 //! to run and, from the decision, the pods' rotation, deletion costs and DP weights. The
