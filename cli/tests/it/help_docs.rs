@@ -102,3 +102,43 @@ fn ballast_crd_prints_the_committed_crd() {
     .unwrap();
     assert_eq!(String::from_utf8(out.stdout).unwrap(), committed);
 }
+
+/// docs/benchmarks.md's comparisons with llama-server are generated from the committed
+/// records of `scripts/bench-anchor.sh` runs (`docs/bench-results/`), never typed: a figure
+/// edited by hand, or records changed without regenerating, fail here.
+#[test]
+fn the_llama_server_tables_are_generated_from_their_records() {
+    let _group = crate::common::group(module_path!());
+    let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .current_dir(&root)
+        .args([
+            "scripts/anchor_summary.py",
+            "docs",
+            "--check",
+            "docs/benchmarks.md",
+        ])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("tables match their records"), "{said}");
+    // Both kinds of machine are reported, each by a generated table.
+    let doc = std::fs::read_to_string(format!("{root}/docs/benchmarks.md")).unwrap();
+    let runs: Vec<&str> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("<!-- anchor-table "))
+        .collect();
+    for isa in ["avx512", "avx2"] {
+        assert!(
+            runs.iter()
+                .any(|r| r.trim_end_matches(" -->").ends_with(isa)),
+            "no generated table of a {isa} run: {runs:?}"
+        );
+    }
+}
