@@ -28,7 +28,10 @@
 #
 # ISA=avx2 measures what a CPU without AVX-512 gets, on whatever CPU runs it: llama.cpp built by
 # `LLAMA_CPP_ISA=avx2 scripts/llama-cpp.sh` (AVX2, FMA, F16C only) and Ballast with
-# BALLAST_NO_AVX512=1 BALLAST_NO_VNNI=1 (its AVX2 row kernels).
+# BALLAST_NO_AVX512=1 BALLAST_NO_VNNI=1 (its AVX2 row kernels), built into target/isa-avx2 with
+# matrixmultiply (the f32 GEMM under prefill and attention) held to its AVX2/FMA kernel: it picks
+# its kernel at run time and would otherwise use its AVX-512 one, which a CPU without AVX-512
+# does not have. Its only switch is MMTEST_FEATURE at compile time, hence the separate build.
 #
 # The machine should be quiet: before each round the script measures the CPU that is busy
 # while nothing of its own runs and waits (up to QUIET_WAIT seconds, default 900) until it is
@@ -54,9 +57,15 @@ L_PORT="${L_PORT:-18111}"
 # caching on, f16 KV cache for a GGUF file, the model's full context), 2 kernel threads.
 BALLAST_FLAGS=(--cpu-threads "$THREADS")
 BALLAST_ENV=()
+TARGET="${CARGO_TARGET_DIR:-target}"
+BUILD_ENV=()
 case "$ISA" in
     native) ;;
-    avx2) BALLAST_ENV=(BALLAST_NO_AVX512=1 BALLAST_NO_VNNI=1) ;;
+    avx2)
+        BALLAST_ENV=(BALLAST_NO_AVX512=1 BALLAST_NO_VNNI=1)
+        TARGET="$TARGET/isa-avx2"
+        BUILD_ENV=(CARGO_TARGET_DIR="$TARGET" MMTEST_FEATURE=sse2,avx,avx2,fma)
+        ;;
     *) echo "bench-anchor: error: ISA is native or avx2, not $ISA" >&2; exit 1 ;;
 esac
 
@@ -95,12 +104,12 @@ for q in $QUANTS; do
 done
 [[ -n "${FILE[Q4_1]:-}" ]] || die "QUANTS must include Q4_1 (the sweep and the prefix case use it)"
 log "building ballast (release)"
-cargo build -q --release -p ballast
-BALLAST="${CARGO_TARGET_DIR:-target}/release/ballast"
+env "${BUILD_ENV[@]}" cargo build -q --release -p ballast
+BALLAST="$TARGET/release/ballast"
 INPROC=""
 if [[ "${INPROCESS:-1}" == 1 ]]; then
     log "building the in-process bench (engine/benches/real_model.rs)"
-    INPROC="$(cargo bench -q -p ballast-engine --bench real_model --no-run --message-format=json 2>/dev/null |
+    INPROC="$(env "${BUILD_ENV[@]}" cargo bench -q -p ballast-engine --bench real_model --no-run --message-format=json 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*real_model[^"]*\)".*/\1/p' | tail -1)"
     [[ -x "$INPROC" ]] || die "could not build engine/benches/real_model.rs"
 fi
@@ -216,7 +225,7 @@ cases_for() {   # quant
     echo "isa: $ISA"
     echo "machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem/{print $2}') GiB"
     echo "cpu flags: $(grep -m1 '^flags' /proc/cpuinfo | sed 's/^flags[^:]*: *//')"
-    echo "ballast: $("$BALLAST" --version), tree $(git describe --always --dirty 2>/dev/null || echo unknown)${BALLAST_ENV[*]:+, environment ${BALLAST_ENV[*]}}"
+    echo "ballast: $("$BALLAST" --version), tree $(git describe --always --dirty 2>/dev/null || echo unknown)${BALLAST_ENV[*]:+, environment ${BALLAST_ENV[*]}}${BUILD_ENV[1]:+, built with ${BUILD_ENV[1]}}"
     echo "llama.cpp: $(head -1 "$LLAMA_BIN/BUILD-INFO"); $(sed -n 2p "$LLAMA_BIN/BUILD-INFO"); $("$LLAMA_BIN/llama-server" --version 2>&1 | grep -m1 version || true)"
     for q in $QUANTS; do echo "file $q: $(basename "${FILE[$q]}") sha256 $(sha256sum "${FILE[$q]}" | cut -d' ' -f1)"; done
     echo "ballast engine flags: --model FILE --served-model-name m ${BALLAST_FLAGS[*]}"

@@ -27,9 +27,21 @@ die() { log "error: $*"; exit 1; }
 command -v perf >/dev/null || die "perf is needed (apt-get install linux-perf)"
 
 FILE="${FILE:-$(scripts/fetch-model.sh)}"
+# The AVX2 paths are what a CPU without AVX-512 runs: there matrixmultiply (the f32 GEMM under
+# prefill and attention) must not pick its AVX-512 kernel either, and its only switch is
+# MMTEST_FEATURE at compile time, so those paths get a build of their own (as in
+# scripts/bench-anchor.sh with ISA=avx2).
+TARGET="${CARGO_TARGET_DIR:-target}"
+BUILD_ENV=()
+case "$KERNEL" in
+    avx2 | avx-vnni)
+        TARGET="$TARGET/isa-avx2"
+        BUILD_ENV=(CARGO_TARGET_DIR="$TARGET" MMTEST_FEATURE=sse2,avx,avx2,fma)
+        ;;
+esac
 log "building ballast (release, with debug symbols as the release profile has them)"
-cargo build -q --release -p ballast
-BALLAST="${CARGO_TARGET_DIR:-target}/release/ballast"
+env "${BUILD_ENV[@]}" cargo build -q --release -p ballast
+BALLAST="$TARGET/release/ballast"
 mkdir -p "$OUT"
 
 ENGINE=""
