@@ -25,6 +25,9 @@ enum Command {
     /// Run the Kubernetes controller: reconcile InferenceServices in the cluster (in-cluster
     /// config or KUBECONFIG), with leader election, /metrics, /healthz and /readyz.
     Operator(ballast_operator::reconcile::OperatorArgs),
+    /// Run the endpoint picker Envoy calls over ext_proc (the Gateway API Inference
+    /// Extension protocol): each request's engine, picked on the engines' own signals.
+    Gateway(ballast_gateway::GatewayArgs),
     /// Print the InferenceService CRD (YAML) generated from the Rust types.
     Crd,
     /// Print what the operator reads from one engine (ours, vLLM or SGLang): a metrics URL
@@ -91,6 +94,13 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            Command::Gateway(args) => match ballast_gateway::run(args, shutdown_signal()).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    e.exit_code()
+                }
+            },
             Command::Signals(args) => match ballast_operator::inspect::run(args).await {
                 Ok(_) => 0,
                 Err(e) => {

@@ -88,6 +88,17 @@ fn every_signals_flag_is_documented() {
 }
 
 #[test]
+fn every_gateway_flag_is_documented() {
+    let _group = crate::common::group(module_path!());
+    let docs = doc("gateway.md");
+    let missing: Vec<_> = flags("gateway")
+        .into_iter()
+        .filter(|f| !docs.contains(f.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "docs/gateway.md lacks {missing:?}");
+}
+
+#[test]
 fn ballast_crd_prints_the_committed_crd() {
     let _group = crate::common::group(module_path!());
     let out = Command::new(env!("CARGO_BIN_EXE_ballast"))

@@ -1,0 +1,360 @@
+//! The exchange, message by message, as Envoy would send them.
+
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, Metadata};
+use envoy_types::pb::google::protobuf::ListValue;
+
+use super::*;
+use crate::pool::Endpoint;
+
+fn shared(ports: &[u16], models: &[&str]) -> Shared {
+    let pool = Pool::new();
+    pool.set(
+        ports
+            .iter()
+            .map(|&p| Endpoint::at(SocketAddr::from(([127, 0, 0, 1], p))))
+            .collect(),
+    );
+    Shared {
+        pool: Arc::new(pool),
+        config: ProcessorConfig {
+            max_body_bytes: 1 << 20,
+            models: models.iter().map(|m| m.to_string()).collect(),
+            retry_after_secs: 2,
+        },
+        metrics: Arc::new(GatewayMetrics::new()),
+    }
+}
+
+fn headers(pairs: &[(&str, &str)], end_of_stream: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(In::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: pairs
+                    .iter()
+                    .map(|(k, v)| HeaderValue {
+                        key: k.to_string(),
+                        raw_value: v.as_bytes().to_vec(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+            end_of_stream,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn post() -> ProcessingRequest {
+    headers(&[(":method", "POST"), (":path", "/v1/completions")], false)
+}
+
+fn body(bytes: &[u8], end_of_stream: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(In::RequestBody(HttpBody {
+            body: bytes.to_vec(),
+            end_of_stream,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn response_body(bytes: &[u8], end_of_stream: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(In::ResponseBody(HttpBody {
+            body: bytes.to_vec(),
+            end_of_stream,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// The destination a headers response sets, in the header and the metadata; both must agree.
+fn destination(r: &ProcessingResponse) -> String {
+    let Some(Out::RequestHeaders(h)) = &r.response else {
+        panic!("not a request headers response: {r:?}");
+    };
+    let common = h.response.as_ref().unwrap();
+    assert!(common.clear_route_cache);
+    let set = &common.header_mutation.as_ref().unwrap().set_headers;
+    assert_eq!(set.len(), 1);
+    let header = set[0].header.as_ref().unwrap();
+    assert_eq!(header.key, DESTINATION);
+    let value = String::from_utf8(header.raw_value.clone()).unwrap();
+    let meta = r.dynamic_metadata.as_ref().unwrap();
+    let Some(Kind::StructValue(ns)) = &meta.fields[DESTINATION_NAMESPACE].kind else {
+        panic!("no envoy.lb namespace");
+    };
+    assert_eq!(
+        ns.fields[DESTINATION].kind,
+        Some(Kind::StringValue(value.clone()))
+    );
+    value
+}
+
+/// The chunks of streamed body responses, each with its end-of-stream flag.
+fn chunks(replies: &[ProcessingResponse]) -> Vec<(Vec<u8>, bool)> {
+    replies
+        .iter()
+        .filter_map(|r| match &r.response {
+            Some(Out::RequestBody(b) | Out::ResponseBody(b)) => {
+                match &b.response.as_ref()?.body_mutation.as_ref()?.mutation {
+                    Some(body_mutation::Mutation::StreamedResponse(s)) => {
+                        Some((s.body.clone(), s.end_of_stream))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The status, headers and JSON body of an immediate response.
+fn immediate_of(step: &Step) -> (i32, HashMap<String, String>, serde_json::Value) {
+    assert!(step.done, "a refusal ends the stream");
+    assert_eq!(step.replies.len(), 1);
+    let Some(Out::ImmediateResponse(i)) = &step.replies[0].response else {
+        panic!("not an immediate response: {:?}", step.replies[0]);
+    };
+    let headers = i
+        .headers
+        .as_ref()
+        .unwrap()
+        .set_headers
+        .iter()
+        .map(|h| {
+            let h = h.header.as_ref().unwrap();
+            (
+                h.key.clone(),
+                String::from_utf8(h.raw_value.clone()).unwrap(),
+            )
+        })
+        .collect();
+    (
+        i.status.as_ref().unwrap().code,
+        headers,
+        serde_json::from_slice(&i.body).unwrap(),
+    )
+}
+
+fn refused(s: &Shared, code: &str, reason: &str) -> u64 {
+    s.metrics.refusals.with_label_values(&[code, reason]).get()
+}
+
+#[test]
+fn a_body_is_routed_after_its_last_chunk_and_sent_back_whole() {
+    let s = shared(&[8001, 8002], &[]);
+    let mut x = Exchange::new(&s);
+    let json = br#"{"model":"m","prompt":"hello there","max_tokens":8}"#;
+    assert!(x.on(post()).replies.is_empty());
+    assert!(x.on(body(&json[..10], false)).replies.is_empty());
+    let step = x.on(body(&json[10..], true));
+    assert!(!step.done);
+    let dest = destination(&step.replies[0]);
+    assert!(
+        dest == "127.0.0.1:8001" || dest == "127.0.0.1:8002",
+        "{dest}"
+    );
+    let got = chunks(&step.replies[1..]);
+    assert_eq!(got, vec![(json.to_vec(), true)]);
+    assert_eq!(s.metrics.in_flight.get(), 1);
+    assert_eq!(
+        s.metrics
+            .picks
+            .with_label_values(&[dest.as_str(), "least_in_flight"])
+            .get(),
+        1
+    );
+    // The response passes through; its end releases the endpoint.
+    let step = x.on(response_body(b"data: {}\n\n", false));
+    assert_eq!(
+        chunks(&step.replies),
+        vec![(b"data: {}\n\n".to_vec(), false)]
+    );
+    assert_eq!(s.metrics.in_flight.get(), 1);
+    x.on(response_body(b"data: [DONE]\n\n", true));
+    assert_eq!(s.metrics.in_flight.get(), 0);
+    assert!(s.pool.endpoints().iter().all(|e| e.in_flight() == 0));
+    assert_eq!(x.closed(), "routed");
+}
+
+#[test]
+fn a_large_body_goes_back_in_chunks_of_at_most_62000_bytes() {
+    let s = shared(&[8001], &[]);
+    let mut x = Exchange::new(&s);
+    let prompt = "x".repeat(150_000);
+    let json = serde_json::to_vec(&serde_json::json!({"prompt": prompt})).unwrap();
+    x.on(post());
+    let mut step = Step::default();
+    for (i, part) in json.chunks(16_384).enumerate() {
+        step = x.on(body(part, (i + 1) * 16_384 >= json.len()));
+    }
+    let got = chunks(&step.replies[1..]);
+    assert_eq!(got.len(), 3);
+    assert!(got.iter().all(|(c, _)| c.len() <= MAX_CHUNK));
+    let flags: Vec<bool> = got.iter().map(|(_, eos)| *eos).collect();
+    assert_eq!(flags, vec![false, false, true]);
+    let whole: Vec<u8> = got.into_iter().flat_map(|(c, _)| c).collect();
+    assert_eq!(whole, json);
+}
+
+#[test]
+fn a_body_past_the_cap_is_a_413_at_once() {
+    let s = shared(&[8001], &[]);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    assert!(x.on(body(&vec![b' '; 600_000], false)).replies.is_empty());
+    let step = x.on(body(&vec![b' '; 600_000], false));
+    let (status, headers, json) = immediate_of(&step);
+    assert_eq!(status, 413);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(json["error"]["code"], "body_too_large");
+    // What Envoy still sends changes nothing.
+    assert!(x.on(body(b"{}", true)).replies.is_empty());
+    assert_eq!(refused(&s, "413", "body_too_large"), 1);
+    assert_eq!(s.metrics.in_flight.get(), 0);
+}
+
+#[test]
+fn malformed_json_is_a_400_and_an_unknown_model_a_404() {
+    let s = shared(&[8001], &["smollm2"]);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    let (status, _, json) = immediate_of(&x.on(body(b"{\"model\": ", true)));
+    assert_eq!(
+        (status, json["error"]["code"].as_str()),
+        (400, Some("invalid_json"))
+    );
+
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    let (status, _, json) = immediate_of(&x.on(body(br#"{"model":"gpt-4"}"#, true)));
+    assert_eq!(status, 404);
+    assert_eq!(json["error"]["param"], "model");
+
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    let step = x.on(body(br#"{"model":"smollm2","messages":[]}"#, true));
+    assert_eq!(destination(&step.replies[0]), "127.0.0.1:8001");
+    assert_eq!(refused(&s, "400", "invalid_json"), 1);
+    assert_eq!(refused(&s, "404", "model_not_found"), 1);
+}
+
+#[test]
+fn an_empty_pool_is_a_503_with_retry_after() {
+    let s = shared(&[], &[]);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    let (status, headers, json) = immediate_of(&x.on(body(b"{}", true)));
+    assert_eq!(status, 503);
+    assert_eq!(headers["retry-after"], "2");
+    assert_eq!(json["error"]["code"], "no_endpoints");
+}
+
+#[test]
+fn the_subset_hint_is_honoured_from_metadata_or_header() {
+    let s = shared(&[8001, 8002, 8003], &[]);
+    let hint = |v: Value| {
+        let mut m = Metadata::default();
+        m.filter_metadata.insert(
+            SUBSET_NAMESPACE.into(),
+            Struct {
+                fields: [(SUBSET.to_string(), v)].into(),
+            },
+        );
+        m
+    };
+    let list = Value {
+        kind: Some(Kind::ListValue(ListValue {
+            values: vec![
+                string_value("127.0.0.1:8003"),
+                string_value("not an address"),
+            ],
+        })),
+    };
+    for _ in 0..3 {
+        let mut x = Exchange::new(&s);
+        let mut h = post();
+        h.metadata_context = Some(hint(list.clone()));
+        x.on(h);
+        let step = x.on(body(b"{}", true));
+        assert_eq!(destination(&step.replies[0]), "127.0.0.1:8003");
+    }
+    let mut x = Exchange::new(&s);
+    x.on(headers(
+        &[(":method", "POST"), (SUBSET, "127.0.0.1:8002")],
+        false,
+    ));
+    assert_eq!(
+        destination(&x.on(body(b"{}", true)).replies[0]),
+        "127.0.0.1:8002"
+    );
+
+    let mut x = Exchange::new(&s);
+    let mut h = post();
+    h.metadata_context = Some(hint(string_value("10.9.9.9:80")));
+    x.on(h);
+    let (status, _, json) = immediate_of(&x.on(body(b"{}", true)));
+    assert_eq!(
+        (status, json["error"]["code"].as_str()),
+        (503, Some("no_endpoint_in_subset"))
+    );
+    assert_eq!(
+        s.metrics
+            .picks
+            .with_label_values(&["127.0.0.1:8003", "subset"])
+            .get(),
+        3
+    );
+}
+
+#[test]
+fn a_request_without_body_is_routed_at_its_headers() {
+    let s = shared(&[8001], &[]);
+    let mut x = Exchange::new(&s);
+    let step = x.on(headers(
+        &[(":method", "GET"), (":path", "/v1/models")],
+        true,
+    ));
+    assert_eq!(step.replies.len(), 1);
+    assert_eq!(destination(&step.replies[0]), "127.0.0.1:8001");
+}
+
+#[test]
+fn request_trailers_end_the_body() {
+    let s = shared(&[8001], &[]);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    x.on(body(b"{}", false));
+    let step = x.on(ProcessingRequest {
+        request: Some(In::RequestTrailers(Default::default())),
+        ..Default::default()
+    });
+    assert_eq!(chunks(&step.replies[1..]), vec![(b"{}".to_vec(), false)]);
+    assert!(matches!(
+        step.replies.last().unwrap().response,
+        Some(Out::RequestTrailers(_))
+    ));
+}
+
+#[test]
+fn a_stream_that_ends_early_or_is_dropped_holds_nothing() {
+    let s = shared(&[8001], &[]);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    x.on(body(b"{\"pro", false));
+    assert_eq!(x.closed(), "ended_early");
+    {
+        let mut x = Exchange::new(&s);
+        x.on(post());
+        x.on(body(b"{}", true));
+        assert_eq!(s.pool.endpoints()[0].in_flight(), 1);
+    }
+    assert_eq!(s.pool.endpoints()[0].in_flight(), 0);
+    assert_eq!(s.metrics.in_flight.get(), 0);
+}

@@ -1,0 +1,314 @@
+//! `ballast gateway`: an endpoint picker in the request path.
+//!
+//! Envoy-based gateways (Envoy Gateway, kgateway, Istio, GKE's, or a plain Envoy with the
+//! bootstrap in `deploy/envoy/`) call it over Envoy's `ext_proc` for each request, as the
+//! Gateway API Inference Extension defines; it answers with the endpoint to send the
+//! request to (`x-gateway-destination-endpoint`), or with an error of its own when none
+//! should get it. docs/gateway.md is the user's guide.
+//!
+//! - [`extproc`]: the protocol, one stream per request;
+//! - [`pool`]: the endpoints, the gateway's own in-flight counts, the pick;
+//! - [`pods`]: endpoints from the pods of a selector, as they change;
+//! - [`openai`]: what is read of a request body, and the gateway's OpenAI-shaped errors;
+//! - [`metrics`]: the gateway's own Prometheus metrics;
+//! - [`envoy`]: the checked-in Envoy bootstrap, filled in for fixed addresses.
+//!
+//! One gRPC port serves `envoy.service.ext_proc.v3.ExternalProcessor` and
+//! `grpc.health.v1.Health` (services `liveness`, `readiness`, and the ext_proc service's
+//! name); `--metrics-port` serves `/metrics`.
+
+pub mod envoy;
+pub mod extproc;
+pub mod metrics;
+pub mod openai;
+pub mod pods;
+pub mod pool;
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::server::NamedService;
+use tonic_health::ServingStatus;
+
+use crate::extproc::{Processor, ProcessorConfig, Shared};
+use crate::metrics::GatewayMetrics;
+use crate::pool::{Endpoint, Pool};
+
+/// The gRPC health service that says the process is up.
+pub const LIVENESS: &str = "liveness";
+/// The gRPC health service that says the endpoint source has been read once.
+pub const READINESS: &str = "readiness";
+
+/// `ballast gateway` flags. Exactly one endpoint source: `--endpoints` or `--selector`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["endpoints", "selector"])))]
+pub struct GatewayArgs {
+    /// Address of the gRPC port (ext_proc and health); 0.0.0.0 in a pod.
+    #[arg(long, env = "BALLAST_GATEWAY_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// The gRPC port Envoy's ext_proc filter calls (0 = any free port).
+    #[arg(long, env = "BALLAST_GATEWAY_PORT", default_value_t = 9002)]
+    pub port: u16,
+    /// The port of `/metrics` (on the same address; 0 = any free port).
+    #[arg(long, env = "BALLAST_GATEWAY_METRICS_PORT", default_value_t = 9090)]
+    pub metrics_port: u16,
+    /// A fixed pool: the engines' `ip:port` addresses, comma-separated.
+    #[arg(long, env = "BALLAST_GATEWAY_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<SocketAddr>,
+    /// The pool from pods: a label selector (e.g. `app=smollm2`); ready pods only, re-read
+    /// as they change.
+    #[arg(long, env = "BALLAST_GATEWAY_SELECTOR")]
+    pub selector: Option<String>,
+    /// The namespace of `--selector`'s pods; the client's default namespace (the pod's
+    /// own, in a cluster) when absent.
+    #[arg(long, env = "BALLAST_GATEWAY_NAMESPACE", requires = "selector")]
+    pub namespace: Option<String>,
+    /// The engines' HTTP port on each selected pod.
+    #[arg(
+        long,
+        env = "BALLAST_GATEWAY_TARGET_PORT",
+        default_value_t = 8000,
+        requires = "selector"
+    )]
+    pub target_port: u16,
+    /// A model name the pool serves (repeat or comma-separate); requests for another get
+    /// 404. Without any, every model is passed on for the engines to judge.
+    #[arg(
+        long = "model-name",
+        env = "BALLAST_GATEWAY_MODEL_NAME",
+        value_delimiter = ','
+    )]
+    pub model_names: Vec<String>,
+    /// The largest request body routed, in bytes; 413 past it.
+    #[arg(long, env = "BALLAST_GATEWAY_MAX_BODY_BYTES", default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// `Retry-After` seconds of a 503 for want of an endpoint.
+    #[arg(long, env = "BALLAST_GATEWAY_RETRY_AFTER", default_value_t = 1)]
+    pub retry_after: u32,
+    /// Seconds to let open streams finish after SIGTERM.
+    #[arg(long, env = "BALLAST_GATEWAY_DRAIN_SECONDS", default_value_t = 30)]
+    pub drain_seconds: u64,
+}
+
+/// Why `ballast gateway` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// A flag's value cannot work.
+    #[error("{0}")]
+    Args(String),
+    /// A port could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No Kubernetes client for `--selector`.
+    #[error("no Kubernetes client for --selector (in-cluster config or KUBECONFIG): {0}")]
+    Kube(#[from] kube::Error),
+    /// The gRPC server failed.
+    #[error("the gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+impl GatewayError {
+    /// The process exit code: 2 for bad arguments, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            GatewayError::Args(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Runs the gateway until `shutdown` resolves, then lets open streams finish for
+/// `--drain-seconds`.
+pub async fn run(
+    args: GatewayArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
+    if args.max_body_bytes == 0 {
+        return Err(GatewayError::Args(
+            "--max-body-bytes must be at least 1".into(),
+        ));
+    }
+    let pool = Arc::new(Pool::new());
+    let metrics = Arc::new(GatewayMetrics::new());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(LIVENESS, ServingStatus::Serving)
+        .await;
+    health
+        .set_service_status(READINESS, ServingStatus::NotServing)
+        .await;
+    let ext_proc_name = <ExternalProcessorServer<Processor> as NamedService>::NAME;
+    health
+        .set_service_status(ext_proc_name, ServingStatus::NotServing)
+        .await;
+
+    let (synced_tx, mut synced) = tokio::sync::watch::channel(false);
+    let _source = match &args.selector {
+        None => {
+            pool.set(args.endpoints.iter().copied().map(Endpoint::at).collect());
+            let _ = synced_tx.send(true);
+            None
+        }
+        Some(selector) => {
+            let client = kube::Client::try_default().await?;
+            let namespace = args
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_string());
+            tracing::info!(%namespace, %selector, port = args.target_port, "endpoints from pods");
+            Some(AbortOnDrop(tokio::spawn(pods::follow(
+                client,
+                namespace,
+                selector.clone(),
+                args.target_port,
+                Arc::clone(&pool),
+                synced_tx,
+            ))))
+        }
+    };
+    {
+        let health = health.clone();
+        tokio::spawn(async move {
+            if synced.wait_for(|s| *s).await.is_ok() {
+                health
+                    .set_service_status(READINESS, ServingStatus::Serving)
+                    .await;
+                health
+                    .set_service_status(ext_proc_name, ServingStatus::Serving)
+                    .await;
+            }
+        });
+    }
+
+    let grpc_addr = SocketAddr::new(args.host, args.port);
+    let grpc = TcpListener::bind(grpc_addr)
+        .await
+        .map_err(|source| GatewayError::Listen {
+            addr: grpc_addr,
+            source,
+        })?;
+    let metrics_addr = SocketAddr::new(args.host, args.metrics_port);
+    let metrics_listener =
+        TcpListener::bind(metrics_addr)
+            .await
+            .map_err(|source| GatewayError::Listen {
+                addr: metrics_addr,
+                source,
+            })?;
+    // Printed (not logged) so scripts and tests can read the ports.
+    println!(
+        "ballast gateway listening on {}",
+        grpc.local_addr().unwrap_or(grpc_addr)
+    );
+    println!(
+        "ballast gateway metrics on http://{}",
+        metrics_listener.local_addr().unwrap_or(metrics_addr)
+    );
+    let admin = Connections(ballast_serve::Connections::start(
+        metrics_listener,
+        admin_router(Admin {
+            metrics: Arc::clone(&metrics),
+            pool: Arc::clone(&pool),
+        }),
+        &ballast_operator::ADMIN_HTTP_LIMITS,
+    ));
+
+    let processor = Processor::new(Arc::new(Shared {
+        pool,
+        config: ProcessorConfig {
+            max_body_bytes: args.max_body_bytes,
+            models: args.model_names.clone(),
+            retry_after_secs: args.retry_after,
+        },
+        metrics,
+    }));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn({
+        let health = health.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("stopping: no longer ready, letting open streams finish");
+            health
+                .set_service_status(READINESS, ServingStatus::NotServing)
+                .await;
+            health
+                .set_service_status(ext_proc_name, ServingStatus::NotServing)
+                .await;
+            let _ = stop_tx.send(true);
+        }
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(health_service)
+        .add_service(ExternalProcessorServer::new(processor))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx.clone()));
+    let drain = Duration::from_secs(args.drain_seconds);
+    let result = tokio::select! {
+        r = server => r.map_err(GatewayError::from),
+        _ = async {
+            stopped(stop_rx).await;
+            tokio::time::sleep(drain).await;
+        } => {
+            tracing::warn!(seconds = args.drain_seconds, "streams still open after the drain time; stopping");
+            Ok(())
+        }
+    };
+    drop(admin);
+    result
+}
+
+/// The metrics port's state.
+#[derive(Clone)]
+struct Admin {
+    metrics: Arc<GatewayMetrics>,
+    pool: Arc<Pool>,
+}
+
+fn admin_router(admin: Admin) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(a): State<Admin>| async move {
+                a.metrics.endpoints.set(a.pool.len() as i64);
+                (
+                    [("content-type", "text/plain; version=0.0.4")],
+                    a.metrics.render(),
+                )
+            }),
+        )
+        .with_state(admin)
+}
+
+/// Stops the accept loop of the metrics port when dropped.
+struct Connections(ballast_serve::Connections);
+
+impl Drop for Connections {
+    fn drop(&mut self) {
+        self.0.close_open();
+    }
+}
+
+/// A background task stopped when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,113 @@
+//! The gateway's own metrics (`--metrics-port`, `GET /metrics`).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// Every family the gateway exports.
+pub struct GatewayMetrics {
+    registry: Registry,
+    /// `ballast_gateway_picks_total{endpoint, reason}`: requests routed.
+    pub picks: IntCounterVec,
+    /// `ballast_gateway_refusals_total{code, reason}`: requests the gateway answered
+    /// itself (400, 404, 413, 429, 503), by HTTP status and the error's code.
+    pub refusals: IntCounterVec,
+    /// `ballast_gateway_streams_total{outcome}`: ext_proc streams by how they ended.
+    pub streams: IntCounterVec,
+    /// `ballast_gateway_pick_duration_seconds{outcome}`: from the request body's last
+    /// chunk to the gateway's answer.
+    pub pick_duration: HistogramVec,
+    /// `ballast_gateway_endpoints`: endpoints in the pool.
+    pub endpoints: IntGauge,
+    /// `ballast_gateway_requests_in_flight`: requests picked whose response has not ended.
+    pub in_flight: IntGauge,
+}
+
+impl std::fmt::Debug for GatewayMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GatewayMetrics {
+    /// Registers every family.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let picks = IntCounterVec::new(
+            Opts::new(
+                "ballast_gateway_picks_total",
+                "Requests the gateway routed, by endpoint and the reason it was picked.",
+            ),
+            &["endpoint", "reason"],
+        )
+        .expect("valid");
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "ballast_gateway_refusals_total",
+                "Requests the gateway answered itself instead of routing, by HTTP status and error code.",
+            ),
+            &["code", "reason"],
+        )
+        .expect("valid");
+        let streams = IntCounterVec::new(
+            Opts::new(
+                "ballast_gateway_streams_total",
+                "ext_proc streams by how they ended: routed, refused, ended_early (before the request body ended), error (reset by Envoy).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid");
+        let pick_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "ballast_gateway_pick_duration_seconds",
+                "Time from a request body's last chunk to the gateway's answer (routed or refused).",
+            )
+            .buckets(vec![
+                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+            ]),
+            &["outcome"],
+        )
+        .expect("valid");
+        let endpoints =
+            IntGauge::new("ballast_gateway_endpoints", "Endpoints in the pool.").expect("valid");
+        let in_flight = IntGauge::new(
+            "ballast_gateway_requests_in_flight",
+            "Requests the gateway routed whose response has not ended.",
+        )
+        .expect("valid");
+        for c in [
+            Box::new(picks.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(refusals.clone()),
+            Box::new(streams.clone()),
+            Box::new(pick_duration.clone()),
+            Box::new(endpoints.clone()),
+            Box::new(in_flight.clone()),
+        ] {
+            registry.register(c).expect("names are unique");
+        }
+        GatewayMetrics {
+            registry,
+            picks,
+            refusals,
+            streams,
+            pick_duration,
+            endpoints,
+            in_flight,
+        }
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into memory cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
