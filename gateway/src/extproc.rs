@@ -26,7 +26,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
@@ -69,8 +70,17 @@ pub struct ProcessorConfig {
     pub max_body_bytes: usize,
     /// The model names the pool serves; empty: any (the engines answer for themselves).
     pub models: Vec<String>,
-    /// `Retry-After` of a 503 for want of an endpoint, in seconds.
+    /// `Retry-After` of a 503 for want of an endpoint, and of a 429 when shedding, in
+    /// seconds.
     pub retry_after_secs: u32,
+    /// The request header that carries a priority (an integer, 0 when absent); a negative
+    /// one is sheddable.
+    pub priority_header: String,
+    /// Most requests held in the gateway while the pool is saturated; past it, requests
+    /// are sent on at once.
+    pub queue_max: usize,
+    /// Longest a request is held; then it is sent on, saturated or not.
+    pub queue_timeout: Duration,
 }
 
 /// What every stream shares.
@@ -82,6 +92,20 @@ pub struct Shared {
     pub config: ProcessorConfig,
     /// The gateway's metrics.
     pub metrics: Arc<GatewayMetrics>,
+    /// Requests held now.
+    pub held: AtomicUsize,
+}
+
+impl Shared {
+    /// What every stream shares, with nothing held yet.
+    pub fn new(pool: Arc<Pool>, config: ProcessorConfig, metrics: Arc<GatewayMetrics>) -> Shared {
+        Shared {
+            pool,
+            config,
+            metrics,
+            held: AtomicUsize::new(0),
+        }
+    }
 }
 
 /// The `envoy.service.ext_proc.v3.ExternalProcessor` service.
@@ -128,7 +152,13 @@ async fn run_stream(
                 break "error";
             }
         };
-        let step = exchange.on(message);
+        let mut step = exchange.on(message);
+        if step.hold {
+            match hold(&shared, &mut exchange, &mut inbound).await {
+                Some(released) => step = released,
+                None => break exchange.closed(),
+            }
+        }
         let mut gone = false;
         for reply in step.replies {
             if tx.send(Ok(reply)).await.is_err() {
@@ -146,6 +176,37 @@ async fn run_stream(
     shared.metrics.streams.with_label_values(&[outcome]).inc();
 }
 
+/// Holds a request while the pool stays saturated, at most `--queue-timeout-ms`, then
+/// picks. `None` when the stream ended meanwhile (the client went away).
+async fn hold(
+    shared: &Shared,
+    exchange: &mut Exchange<'_>,
+    inbound: &mut Streaming<ProcessingRequest>,
+) -> Option<Step> {
+    let deadline = tokio::time::Instant::now() + shared.config.queue_timeout;
+    loop {
+        // Registered before the check, so a change between the two is not missed.
+        let changed = shared.pool.changed().notified();
+        let mut changed = std::pin::pin!(changed);
+        changed.as_mut().enable();
+        if !shared.pool.saturated(exchange.subset(), Instant::now()) {
+            break;
+        }
+        tokio::select! {
+            _ = &mut changed => {}
+            _ = tokio::time::sleep_until(deadline) => break,
+            message = inbound.message() => match message {
+                // Nothing else is expected before the answer; what comes changes nothing.
+                Ok(Some(m)) => {
+                    exchange.on(m);
+                }
+                Ok(None) | Err(_) => return None,
+            },
+        }
+    }
+    Some(exchange.release(Instant::now()))
+}
+
 /// Where a stream is.
 #[derive(Debug)]
 enum Phase {
@@ -153,6 +214,8 @@ enum Phase {
     Headers,
     /// Buffering the request body.
     Body,
+    /// Read and valid, held while the pool is saturated.
+    Held,
     /// Routed: the request is on its way; response messages are passed on.
     Routed,
     /// Answered by the gateway itself; nothing more to do.
@@ -166,6 +229,8 @@ pub struct Step {
     pub replies: Vec<ProcessingResponse>,
     /// Whether to end the stream after them.
     pub done: bool,
+    /// Whether the request is held: nothing to send until [`Exchange::release`].
+    pub hold: bool,
 }
 
 /// One request's conversation with Envoy.
@@ -178,6 +243,10 @@ pub struct Exchange<'a> {
     body: Vec<u8>,
     /// The request on its endpoint, from the pick until the response ends.
     in_flight: Option<InFlight>,
+    /// Its priority; negative is sheddable.
+    priority: i64,
+    /// A held request's body and whether it had trailers, and when it was held.
+    held: Option<(Option<Vec<u8>>, bool, Instant)>,
 }
 
 impl<'a> Exchange<'a> {
@@ -189,7 +258,14 @@ impl<'a> Exchange<'a> {
             subset: None,
             body: Vec::new(),
             in_flight: None,
+            priority: 0,
+            held: None,
         }
+    }
+
+    /// The endpoints the request may go to, when its subset hint says.
+    pub fn subset(&self) -> Option<&[SocketAddr]> {
+        self.subset.as_deref()
     }
 
     /// The answer to one message from Envoy.
@@ -200,6 +276,10 @@ impl<'a> Exchange<'a> {
         match (&self.phase, request) {
             (Phase::Headers, In::RequestHeaders(h)) => {
                 self.subset = subset_hint(message.metadata_context.as_ref(), &h);
+                match priority(&h, &self.shared.config.priority_header) {
+                    Ok(p) => self.priority = p,
+                    Err(refusal) => return self.refuse(refusal, Instant::now()),
+                }
                 if h.end_of_stream {
                     // No body (a GET): route on the headers alone.
                     return self.route(None, false, Instant::now());
@@ -214,30 +294,35 @@ impl<'a> Exchange<'a> {
             }
             (Phase::Routed, In::ResponseHeaders(h)) => {
                 let eos = h.end_of_stream;
+                if header_value(&h, ":status") == Some(b"429")
+                    && let Some(f) = &self.in_flight
+                {
+                    f.state().observe_429(Instant::now());
+                }
                 self.response_ended_if(eos);
                 Step {
                     replies: vec![reply(Out::ResponseHeaders(HeadersResponse::default()))],
-                    done: false,
+                    ..Step::default()
                 }
             }
             (Phase::Routed, In::ResponseBody(b)) => {
                 self.response_ended_if(b.end_of_stream);
                 Step {
                     replies: body_replies(&b.body, b.end_of_stream, Out::ResponseBody),
-                    done: false,
+                    ..Step::default()
                 }
             }
             (Phase::Routed, In::ResponseTrailers(_)) => {
                 self.response_ended_if(true);
                 Step {
                     replies: vec![reply(Out::ResponseTrailers(TrailersResponse::default()))],
-                    done: false,
+                    ..Step::default()
                 }
             }
             // After a refusal Envoy may still send what it had buffered; out-of-order
             // messages change nothing.
             (phase, other) => {
-                if !matches!(phase, Phase::Refused) {
+                if !matches!(phase, Phase::Refused | Phase::Held) {
                     tracing::debug!(
                         ?phase,
                         message = kind(&other),
@@ -254,6 +339,7 @@ impl<'a> Exchange<'a> {
         self.response_ended_if(true);
         match self.phase {
             Phase::Headers | Phase::Body => "ended_early",
+            Phase::Held => "abandoned",
             Phase::Routed => "routed",
             Phase::Refused => "refused",
         }
@@ -264,6 +350,7 @@ impl<'a> Exchange<'a> {
         match self.phase {
             Phase::Refused => "refused",
             Phase::Routed => "routed",
+            Phase::Held => "abandoned",
             Phase::Headers | Phase::Body => "ended_early",
         }
     }
@@ -282,7 +369,7 @@ impl<'a> Exchange<'a> {
         self.route(Some(body), false, Instant::now())
     }
 
-    /// The pick, and the messages that send the request on (or refuse it).
+    /// The request read whole: checked, then sent on, shed or held.
     fn route(&mut self, body: Option<Vec<u8>>, trailers: bool, started: Instant) -> Step {
         let config = &self.shared.config;
         if let Some(body) = &body {
@@ -297,7 +384,62 @@ impl<'a> Exchange<'a> {
                 return self.refuse(Refusal::unknown_model(model, &config.models), started);
             }
         }
-        let picked = match self.shared.pool.pick(self.subset.as_deref()) {
+        if !self.shared.pool.saturated(self.subset(), started) {
+            return self.pick(body, trailers, started, false);
+        }
+        if self.priority < 0 {
+            return self.refuse(Refusal::shed(config.retry_after_secs), started);
+        }
+        let held = &self.shared.held;
+        let room = held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < config.queue_max).then_some(n + 1)
+            })
+            .is_ok();
+        if !room {
+            return self.pick(body, trailers, started, true);
+        }
+        self.shared.metrics.queue_length.inc();
+        self.phase = Phase::Held;
+        self.held = Some((body, trailers, started));
+        Step {
+            hold: true,
+            ..Step::default()
+        }
+    }
+
+    /// A held request sent on: the pool is no longer saturated, or it waited its longest.
+    pub fn release(&mut self, now: Instant) -> Step {
+        let Some((body, trailers, held_at)) = self.held.take() else {
+            return Step::default();
+        };
+        self.unhold();
+        self.shared
+            .metrics
+            .queue_wait
+            .observe(now.saturating_duration_since(held_at).as_secs_f64());
+        self.pick(body, trailers, now, true)
+    }
+
+    fn unhold(&mut self) {
+        self.shared.held.fetch_sub(1, Ordering::Relaxed);
+        self.shared.metrics.queue_length.dec();
+    }
+
+    /// The pick, and the messages that send the request on (or refuse it).
+    fn pick(
+        &mut self,
+        body: Option<Vec<u8>>,
+        trailers: bool,
+        started: Instant,
+        saturated: bool,
+    ) -> Step {
+        let config = &self.shared.config;
+        let picked = match self
+            .shared
+            .pool
+            .pick(self.subset.as_deref(), Instant::now(), saturated)
+        {
             Ok(p) => p,
             Err(NoPick::Empty) => {
                 let r = Refusal::no_endpoint(
@@ -352,7 +494,7 @@ impl<'a> Exchange<'a> {
             .observe(started.elapsed().as_secs_f64());
         Step {
             replies,
-            done: false,
+            ..Step::default()
         }
     }
 
@@ -376,6 +518,7 @@ impl<'a> Exchange<'a> {
         Step {
             replies: vec![reply(Out::ImmediateResponse(immediate(&refusal)))],
             done: true,
+            hold: false,
         }
     }
 
@@ -391,7 +534,21 @@ impl Drop for Exchange<'_> {
         if self.in_flight.take().is_some() {
             self.shared.metrics.in_flight.dec();
         }
+        if self.held.take().is_some() {
+            self.unhold();
+        }
     }
+}
+
+/// The request's priority from `name` (0 when absent); not an integer is a 400.
+fn priority(headers: &HttpHeaders, name: &str) -> Result<i64, Refusal> {
+    let Some(raw) = header_value(headers, name) else {
+        return Ok(0);
+    };
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| Refusal::bad_header(name, "an integer (negative: sheddable)"))
 }
 
 fn kind(r: &In) -> &'static str {

@@ -7,7 +7,9 @@
 //! should get it. docs/gateway.md is the user's guide.
 //!
 //! - [`extproc`]: the protocol, one stream per request;
-//! - [`pool`]: the endpoints, the gateway's own in-flight counts, the pick;
+//! - [`pool`]: the endpoints, what the gateway knows of each, the pick;
+//! - [`score`]: the score and saturation, as pure functions;
+//! - [`scrape`]: the gateway's own scrapes of its endpoints;
 //! - [`pods`]: endpoints from the pods of a selector, as they change;
 //! - [`openai`]: what is read of a request body, and the gateway's OpenAI-shaped errors;
 //! - [`metrics`]: the gateway's own Prometheus metrics;
@@ -23,6 +25,8 @@ pub mod metrics;
 pub mod openai;
 pub mod pods;
 pub mod pool;
+pub mod score;
+pub mod scrape;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -38,9 +42,12 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 
+use ballast_operator::inspect::DialectArg;
+
 use crate::extproc::{Processor, ProcessorConfig, Shared};
 use crate::metrics::GatewayMetrics;
 use crate::pool::{Endpoint, Pool};
+use crate::score::{Scoring, Thresholds, Weights};
 
 /// The gRPC health service that says the process is up.
 pub const LIVENESS: &str = "liveness";
@@ -96,6 +103,114 @@ pub struct GatewayArgs {
     /// Seconds to let open streams finish after SIGTERM.
     #[arg(long, env = "BALLAST_GATEWAY_DRAIN_SECONDS", default_value_t = 30)]
     pub drain_seconds: u64,
+    /// Which series names the engines export.
+    #[arg(
+        long,
+        env = "BALLAST_GATEWAY_DIALECT",
+        value_enum,
+        default_value = "ballast"
+    )]
+    pub dialect: DialectArg,
+    /// Milliseconds between two scrapes of each endpoint's metrics (0 = none: every pick
+    /// on the gateway's in-flight count alone).
+    #[arg(
+        long,
+        env = "BALLAST_GATEWAY_SCRAPE_INTERVAL_MS",
+        default_value_t = 100
+    )]
+    pub scrape_interval_ms: u64,
+    /// An endpoint's data older than this many scrape intervals is stale: scored on the
+    /// gateway's in-flight count alone, never saturated.
+    #[arg(long, env = "BALLAST_GATEWAY_STALE_INTERVALS", default_value_t = 3)]
+    pub stale_intervals: u32,
+    /// The engines' metrics path.
+    #[arg(long, env = "BALLAST_GATEWAY_METRICS_PATH", default_value = "/metrics")]
+    pub metrics_path: String,
+    /// Score weight of each request waiting for capacity.
+    #[arg(long, env = "BALLAST_GATEWAY_WEIGHT_WAITING", default_value_t = Weights::default().waiting)]
+    pub weight_waiting: f64,
+    /// Score weight of each running request.
+    #[arg(long, env = "BALLAST_GATEWAY_WEIGHT_RUNNING", default_value_t = Weights::default().running)]
+    pub weight_running: f64,
+    /// Score weight of each request sent since the last scrape (of each in flight, for a
+    /// stale endpoint).
+    #[arg(long, env = "BALLAST_GATEWAY_WEIGHT_IN_FLIGHT", default_value_t = Weights::default().in_flight)]
+    pub weight_in_flight: f64,
+    /// Score weight of KV usage (0..1).
+    #[arg(long, env = "BALLAST_GATEWAY_WEIGHT_KV", default_value_t = Weights::default().kv)]
+    pub weight_kv: f64,
+    /// Score weight of each recent 429 per second.
+    #[arg(long, env = "BALLAST_GATEWAY_WEIGHT_REJECTIONS", default_value_t = Weights::default().rejections)]
+    pub weight_rejections: f64,
+    /// Capacity-waiting requests at or over which an endpoint is saturated.
+    #[arg(long, env = "BALLAST_GATEWAY_QUEUE_THRESHOLD", default_value_t = Thresholds::default().queue)]
+    pub queue_threshold: f64,
+    /// KV usage at or over which an endpoint is saturated.
+    #[arg(long, env = "BALLAST_GATEWAY_KV_THRESHOLD", default_value_t = Thresholds::default().kv)]
+    pub kv_threshold: f64,
+    /// The request header with a request's priority (an integer; negative is sheddable:
+    /// 429 while every endpoint is saturated).
+    #[arg(
+        long,
+        env = "BALLAST_GATEWAY_PRIORITY_HEADER",
+        default_value = "x-ballast-priority"
+    )]
+    pub priority_header: String,
+    /// Most requests held in the gateway while every endpoint is saturated; past it they
+    /// are sent on at once.
+    #[arg(long, env = "BALLAST_GATEWAY_QUEUE_MAX", default_value_t = 256)]
+    pub queue_max: usize,
+    /// Longest a request is held while every endpoint is saturated, in milliseconds; then
+    /// it is sent on.
+    #[arg(long, env = "BALLAST_GATEWAY_QUEUE_TIMEOUT_MS", default_value_t = 2000)]
+    pub queue_timeout_ms: u64,
+}
+
+impl GatewayArgs {
+    /// The scoring the flags ask for.
+    pub fn scoring(&self) -> Result<Scoring, GatewayError> {
+        let weights = [
+            ("--weight-waiting", self.weight_waiting),
+            ("--weight-running", self.weight_running),
+            ("--weight-in-flight", self.weight_in_flight),
+            ("--weight-kv", self.weight_kv),
+            ("--weight-rejections", self.weight_rejections),
+            ("--queue-threshold", self.queue_threshold),
+        ];
+        for (flag, w) in weights {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(GatewayError::Args(format!(
+                    "{flag} must be a number of at least 0, not {w}"
+                )));
+            }
+        }
+        if !(self.kv_threshold > 0.0 && self.kv_threshold <= 1.0) {
+            return Err(GatewayError::Args(format!(
+                "--kv-threshold must be in (0, 1], not {}",
+                self.kv_threshold
+            )));
+        }
+        if self.stale_intervals == 0 {
+            return Err(GatewayError::Args(
+                "--stale-intervals must be at least 1".into(),
+            ));
+        }
+        let interval = Duration::from_millis(self.scrape_interval_ms.max(1));
+        Ok(Scoring {
+            weights: Weights {
+                waiting: self.weight_waiting,
+                running: self.weight_running,
+                in_flight: self.weight_in_flight,
+                kv: self.weight_kv,
+                rejections: self.weight_rejections,
+            },
+            thresholds: Thresholds {
+                queue: self.queue_threshold,
+                kv: self.kv_threshold,
+            },
+            stale_after: interval * self.stale_intervals,
+        })
+    }
 }
 
 /// Why `ballast gateway` stopped.
@@ -141,8 +256,22 @@ pub async fn run(
             "--max-body-bytes must be at least 1".into(),
         ));
     }
-    let pool = Arc::new(Pool::new());
+    let pool = Arc::new(Pool::new(args.scoring()?));
     let metrics = Arc::new(GatewayMetrics::new());
+    let _scrapes = (args.scrape_interval_ms > 0).then(|| {
+        let interval = Duration::from_millis(args.scrape_interval_ms);
+        AbortOnDrop(tokio::spawn(scrape::run(
+            Arc::clone(&pool),
+            scrape::ScrapeSettings {
+                dialect: args.dialect.into(),
+                interval,
+                path: args.metrics_path.clone(),
+                // A scrape slower than the staleness bound is of no use anyway.
+                timeout: (interval * args.stale_intervals).max(Duration::from_millis(250)),
+            },
+            Arc::clone(&metrics),
+        )))
+    });
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status(LIVENESS, ServingStatus::Serving)
@@ -226,15 +355,18 @@ pub async fn run(
         &ballast_operator::ADMIN_HTTP_LIMITS,
     ));
 
-    let processor = Processor::new(Arc::new(Shared {
+    let processor = Processor::new(Arc::new(Shared::new(
         pool,
-        config: ProcessorConfig {
+        ProcessorConfig {
             max_body_bytes: args.max_body_bytes,
             models: args.model_names.clone(),
             retry_after_secs: args.retry_after,
+            priority_header: args.priority_header.to_ascii_lowercase(),
+            queue_max: args.queue_max,
+            queue_timeout: Duration::from_millis(args.queue_timeout_ms),
         },
         metrics,
-    }));
+    )));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn({
         let health = health.clone();
@@ -286,6 +418,9 @@ fn admin_router(admin: Admin) -> Router {
             "/metrics",
             get(|State(a): State<Admin>| async move {
                 a.metrics.endpoints.set(a.pool.len() as i64);
+                a.metrics
+                    .stale
+                    .set(a.pool.stale(std::time::Instant::now()) as i64);
                 (
                     [("content-type", "text/plain; version=0.0.4")],
                     a.metrics.render(),

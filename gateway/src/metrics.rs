@@ -1,7 +1,8 @@
 //! The gateway's own metrics (`--metrics-port`, `GET /metrics`).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 /// Every family the gateway exports.
@@ -21,6 +22,15 @@ pub struct GatewayMetrics {
     pub endpoints: IntGauge,
     /// `ballast_gateway_requests_in_flight`: requests picked whose response has not ended.
     pub in_flight: IntGauge,
+    /// `ballast_gateway_queue_length`: requests held while the pool is saturated.
+    pub queue_length: IntGauge,
+    /// `ballast_gateway_queue_wait_seconds`: how long held requests were held.
+    pub queue_wait: Histogram,
+    /// `ballast_gateway_scrapes_total{outcome}`: the gateway's scrapes of its endpoints.
+    pub scrapes: IntCounterVec,
+    /// `ballast_gateway_endpoints_stale`: endpoints whose data is stale (scored on the
+    /// gateway's in-flight count alone).
+    pub stale: IntGauge,
 }
 
 impl std::fmt::Debug for GatewayMetrics {
@@ -81,6 +91,34 @@ impl GatewayMetrics {
             "Requests the gateway routed whose response has not ended.",
         )
         .expect("valid");
+        let queue_length = IntGauge::new(
+            "ballast_gateway_queue_length",
+            "Requests held in the gateway while every endpoint is saturated.",
+        )
+        .expect("valid");
+        let queue_wait = Histogram::with_opts(
+            HistogramOpts::new(
+                "ballast_gateway_queue_wait_seconds",
+                "How long requests were held while every endpoint was saturated.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+        )
+        .expect("valid");
+        let scrapes = IntCounterVec::new(
+            Opts::new(
+                "ballast_gateway_scrapes_total",
+                "The gateway's scrapes of its endpoints' metrics, by outcome (ok, or why not).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid");
+        let stale = IntGauge::new(
+            "ballast_gateway_endpoints_stale",
+            "Endpoints whose metrics are stale or never read: scored on the gateway's own in-flight count.",
+        )
+        .expect("valid");
         for c in [
             Box::new(picks.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(refusals.clone()),
@@ -88,6 +126,10 @@ impl GatewayMetrics {
             Box::new(pick_duration.clone()),
             Box::new(endpoints.clone()),
             Box::new(in_flight.clone()),
+            Box::new(queue_length.clone()),
+            Box::new(queue_wait.clone()),
+            Box::new(scrapes.clone()),
+            Box::new(stale.clone()),
         ] {
             registry.register(c).expect("names are unique");
         }
@@ -99,6 +141,10 @@ impl GatewayMetrics {
             pick_duration,
             endpoints,
             in_flight,
+            queue_length,
+            queue_wait,
+            scrapes,
+            stale,
         }
     }
 

@@ -117,6 +117,30 @@ impl Refusal {
         }
     }
 
+    /// 400: a request header the gateway reads has a value it cannot use.
+    pub fn bad_header(name: &str, expected: &str) -> Self {
+        Refusal {
+            status: 400,
+            kind: "invalid_request_error",
+            param: None,
+            code: "invalid_header",
+            message: format!("the header `{name}` must be {expected}"),
+            retry_after: None,
+        }
+    }
+
+    /// 429: the pool is saturated and the request is sheddable.
+    pub fn shed(retry_after: u32) -> Self {
+        Refusal {
+            status: 429,
+            kind: "rate_limit_exceeded",
+            param: None,
+            code: "shed",
+            message: "every endpoint is saturated and this request's priority is sheddable".into(),
+            retry_after: Some(retry_after),
+        }
+    }
+
     /// 503: no endpoint to send the request to.
     pub fn no_endpoint(code: &'static str, message: impl Into<String>, retry_after: u32) -> Self {
         Refusal {

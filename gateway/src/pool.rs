@@ -1,19 +1,29 @@
-//! The pool: the endpoints requests may go to, what the gateway has in flight on each,
-//! and the pick.
+//! The pool: the endpoints requests may go to, what the gateway knows of each (its last
+//! scrape, what the gateway itself has in flight there, recent 429s), and the pick.
 //!
 //! The endpoint set is replaced whole whenever its source changes (the `--endpoints` list
 //! once, the pods of a selector as they change); an endpoint that stays keeps its state,
 //! so requests in flight across a change are still counted where they went.
 //!
-//! The pick is the endpoint with the fewest requests the gateway itself has in flight
-//! there, ties broken round robin. A request counts from its pick until its response
-//! ends or its stream closes ([`InFlight`]), so a burst spreads even before any engine
-//! reports it.
+//! The pick is the endpoint with the lowest [score](crate::score), ties broken round robin.
+//! A request counts from its pick until its response ends or its stream closes
+//! ([`InFlight`]). The pool is *saturated* when every endpoint a request may go to is
+//! ([`Scoring::saturated`]); [`Pool::changed`] wakes requests held for that to end.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use ballast_operator::scrape::aggregate::series_increase;
+use ballast_operator::signals::{CounterSeries, ReplicaSample};
+use tokio::sync::{Notify, watch};
+
+use crate::score::{Load, Scoring, Snapshot};
+
+/// How long a 429 keeps counting: the recent-429 rate decays with this time constant.
+pub const REJECTION_MEMORY: Duration = Duration::from_secs(1);
 
 /// One endpoint of the pool: where requests go, and its name for metrics and logs.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -34,36 +44,155 @@ impl Endpoint {
     }
 }
 
+/// A count that decays exponentially with [`REJECTION_MEMORY`]: `value / τ` estimates the
+/// recent rate of what is added to it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Decaying {
+    value: f64,
+    at: Option<Instant>,
+}
+
+impl Decaying {
+    fn at(&self, now: Instant) -> f64 {
+        match self.at {
+            Some(t) => {
+                let dt = now.saturating_duration_since(t).as_secs_f64();
+                self.value * (-dt / REJECTION_MEMORY.as_secs_f64()).exp()
+            }
+            None => 0.0,
+        }
+    }
+
+    fn add(&mut self, now: Instant, n: f64) {
+        self.value = self.at(now) + n;
+        self.at = Some(now);
+    }
+
+    fn rate(&self, now: Instant) -> f64 {
+        self.at(now) / REJECTION_MEMORY.as_secs_f64()
+    }
+}
+
+/// What the scrapes and responses of one endpoint said.
+#[derive(Debug, Default)]
+struct Observed {
+    /// The last usable scrape's load, and when it was read.
+    load: Option<(Load, Instant)>,
+    /// The engine's admission-rejection counter at the last scrape that carried it.
+    rejections: Option<CounterSeries>,
+    /// Rejections the engine counted, recently.
+    engine_429: Decaying,
+    /// 429 responses the gateway passed back, recently.
+    seen_429: Decaying,
+}
+
 /// What the gateway knows of one endpoint.
 #[derive(Debug)]
 pub struct EndpointState {
     /// The endpoint.
     pub endpoint: Endpoint,
     in_flight: AtomicU64,
+    /// Requests ever sent here.
+    picks: AtomicU64,
+    /// [`EndpointState::picks`] when the last usable scrape began: what it may show.
+    picks_seen: AtomicU64,
+    observed: Mutex<Observed>,
 }
 
 impl EndpointState {
+    fn new(endpoint: Endpoint) -> EndpointState {
+        EndpointState {
+            endpoint,
+            in_flight: AtomicU64::new(0),
+            picks: AtomicU64::new(0),
+            picks_seen: AtomicU64::new(0),
+            observed: Mutex::default(),
+        }
+    }
+
+    fn observed(&self) -> std::sync::MutexGuard<'_, Observed> {
+        self.observed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Requests the gateway has sent here that have not finished.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// A scrape starts: the mark to hand to [`EndpointState::observe`] when it succeeds.
+    /// Requests sent from now on, its numbers may not show.
+    pub fn scrape_began(&self) -> u64 {
+        self.picks.load(Ordering::Relaxed)
+    }
+
+    /// A usable scrape, begun at `mark`, read at `now`.
+    pub fn observe(&self, now: Instant, sample: &ReplicaSample, mark: u64) {
+        self.picks_seen.fetch_max(mark, Ordering::Relaxed);
+        let load = Load {
+            capacity_waiting: sample.waiting_capacity.unwrap_or(0.0),
+            deferred_waiting: sample.waiting_deferred.unwrap_or(0.0),
+            running: sample.running.unwrap_or(0.0),
+            kv_usage: sample.kv_usage.unwrap_or(0.0),
+        };
+        let mut o = self.observed();
+        o.load = Some((load, now));
+        if let Some(cur) = &sample.rejections_total {
+            if let Some(prev) = &o.rejections {
+                let n = series_increase(prev, cur);
+                o.engine_429.add(now, n);
+            }
+            o.rejections = Some(cur.clone());
+        }
+    }
+
+    /// A 429 from this endpoint passed back to a client at `now`.
+    pub fn observe_429(&self, now: Instant) {
+        self.observed().seen_429.add(now, 1.0);
+    }
+
+    /// The last scrape's load and when it was read.
+    pub fn load(&self) -> Option<(Load, Instant)> {
+        self.observed().load
+    }
+
+    /// Everything the score reads, at `now`.
+    pub fn snapshot(&self, now: Instant) -> Snapshot {
+        let o = self.observed();
+        Snapshot {
+            load: o.load.map(|(l, at)| (l, now.saturating_duration_since(at))),
+            in_flight: self.in_flight(),
+            since_scrape: self
+                .picks
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.picks_seen.load(Ordering::Relaxed)),
+            rejections_per_second: o.engine_429.rate(now).max(o.seen_429.rate(now)),
+        }
     }
 }
 
 /// Why a pick went where it did: the `reason` label of the picks counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PickReason {
-    /// The endpoint with the fewest requests in flight from the gateway.
-    LeastInFlight,
-    /// As [`PickReason::LeastInFlight`], among the endpoints of the request's subset hint.
+    /// The lowest score, on fresh data.
+    Score,
+    /// The lowest score, where the endpoint's data was stale or missing: it was scored on
+    /// the gateway's own in-flight count.
+    InFlight,
+    /// As either, among the endpoints of the request's subset hint.
     Subset,
+    /// The pool was saturated: the request was sent on after waiting in the gateway's
+    /// queue, or without waiting when the queue was full.
+    Saturated,
 }
 
 impl PickReason {
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
-            PickReason::LeastInFlight => "least_in_flight",
+            PickReason::Score => "score",
+            PickReason::InFlight => "in_flight",
             PickReason::Subset => "subset",
+            PickReason::Saturated => "saturated",
         }
     }
 }
@@ -81,6 +210,7 @@ pub enum NoPick {
 #[derive(Debug)]
 pub struct InFlight {
     state: Arc<EndpointState>,
+    changed: Arc<Notify>,
     /// Why it went there.
     pub reason: PickReason,
 }
@@ -90,46 +220,89 @@ impl InFlight {
     pub fn endpoint(&self) -> &Endpoint {
         &self.state.endpoint
     }
+
+    /// What the gateway knows of it.
+    pub fn state(&self) -> &EndpointState {
+        &self.state
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
     }
 }
 
 /// The endpoints and the picker.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Pool {
     endpoints: RwLock<Vec<Arc<EndpointState>>>,
     /// Where the round-robin tie break starts next.
     next: AtomicUsize,
+    scoring: Scoring,
+    changed: Arc<Notify>,
+    members: watch::Sender<u64>,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool::new(Scoring::default())
+    }
 }
 
 impl Pool {
-    /// An empty pool.
-    pub fn new() -> Pool {
-        Pool::default()
+    /// An empty pool scoring with `scoring`.
+    pub fn new(scoring: Scoring) -> Pool {
+        Pool {
+            endpoints: RwLock::default(),
+            next: AtomicUsize::new(0),
+            scoring,
+            changed: Arc::default(),
+            members: watch::Sender::new(0),
+        }
+    }
+
+    /// How endpoints are scored.
+    pub fn scoring(&self) -> &Scoring {
+        &self.scoring
+    }
+
+    /// Woken (`notify_waiters`) whenever an endpoint's load may have fallen: a scrape
+    /// read, a request finished, the endpoint set changed.
+    pub fn changed(&self) -> &Notify {
+        &self.changed
+    }
+
+    /// Tell those waiting on [`Pool::changed`] that loads were read.
+    pub fn loads_changed(&self) {
+        self.changed.notify_waiters();
+    }
+
+    /// A receiver that sees every change of the endpoint set.
+    pub fn members(&self) -> watch::Receiver<u64> {
+        self.members.subscribe()
     }
 
     /// Replaces the endpoint set; endpoints in both keep their state. Duplicates count once.
     pub fn set(&self, mut endpoints: Vec<Endpoint>) {
         endpoints.sort();
         endpoints.dedup_by(|a, b| a.addr == b.addr);
-        let mut current = self.endpoints.write().unwrap_or_else(|e| e.into_inner());
-        let mut old: HashMap<SocketAddr, Arc<EndpointState>> =
-            current.drain(..).map(|s| (s.endpoint.addr, s)).collect();
-        *current = endpoints
-            .into_iter()
-            .map(|e| match old.remove(&e.addr) {
-                Some(s) if s.endpoint == e => s,
-                // Same address, a new pod behind it: what was in flight was the old pod's.
-                _ => Arc::new(EndpointState {
-                    endpoint: e,
-                    in_flight: AtomicU64::new(0),
-                }),
-            })
-            .collect();
+        {
+            let mut current = self.endpoints.write().unwrap_or_else(|e| e.into_inner());
+            let mut old: HashMap<SocketAddr, Arc<EndpointState>> =
+                current.drain(..).map(|s| (s.endpoint.addr, s)).collect();
+            *current = endpoints
+                .into_iter()
+                .map(|e| match old.remove(&e.addr) {
+                    Some(s) if s.endpoint == e => s,
+                    // Same address, a new pod behind it: what was known was the old pod's.
+                    _ => Arc::new(EndpointState::new(e)),
+                })
+                .collect();
+        }
+        self.members.send_modify(|v| *v += 1);
+        self.changed.notify_waiters();
     }
 
     /// The endpoints now.
@@ -153,31 +326,74 @@ impl Pool {
         self.len() == 0
     }
 
-    /// Picks an endpoint, among `subset` when the request carries a hint, and counts the
-    /// request in flight there.
-    pub fn pick(&self, subset: Option<&[SocketAddr]>) -> Result<InFlight, NoPick> {
+    /// How many endpoints have no fresh data at `now`.
+    pub fn stale(&self, now: Instant) -> usize {
+        let endpoints = self.endpoints.read().unwrap_or_else(|e| e.into_inner());
+        endpoints
+            .iter()
+            .filter(|s| self.scoring.fresh(&s.snapshot(now)).is_none())
+            .count()
+    }
+
+    /// Whether every endpoint a request may go to (all, or those of `subset`) is
+    /// saturated at `now`. An empty choice is not saturated: it has nothing to wait for.
+    pub fn saturated(&self, subset: Option<&[SocketAddr]>, now: Instant) -> bool {
+        let endpoints = self.endpoints.read().unwrap_or_else(|e| e.into_inner());
+        let mut any = false;
+        for s in endpoints.iter().filter(|s| allowed(subset, s)) {
+            if !self.scoring.saturated(&s.snapshot(now)) {
+                return false;
+            }
+            any = true;
+        }
+        any
+    }
+
+    /// Picks the endpoint with the lowest score at `now`, among `subset` when the request
+    /// carries a hint, and counts the request in flight there. `saturated`: the pool was,
+    /// and the request waited or could not (the reason says so).
+    pub fn pick(
+        &self,
+        subset: Option<&[SocketAddr]>,
+        now: Instant,
+        saturated: bool,
+    ) -> Result<InFlight, NoPick> {
         let endpoints = self.endpoints.read().unwrap_or_else(|e| e.into_inner());
         if endpoints.is_empty() {
             return Err(NoPick::Empty);
         }
-        let allowed = |s: &EndpointState| subset.is_none_or(|set| set.contains(&s.endpoint.addr));
         let n = endpoints.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let best = (0..n)
-            .map(|i| &endpoints[(start + i) % n])
-            .filter(|s| allowed(s))
-            .min_by_key(|s| s.in_flight())
-            .ok_or(NoPick::NotInSubset)?;
+        let mut best: Option<(f64, &Arc<EndpointState>, bool)> = None;
+        for s in (0..n).map(|i| &endpoints[(start + i) % n]) {
+            if !allowed(subset, s) {
+                continue;
+            }
+            let snap = s.snapshot(now);
+            let score = self.scoring.score(&snap);
+            if best.as_ref().is_none_or(|(b, _, _)| score < *b) {
+                best = Some((score, s, self.scoring.fresh(&snap).is_some()));
+            }
+        }
+        let (_, best, fresh) = best.ok_or(NoPick::NotInSubset)?;
         best.in_flight.fetch_add(1, Ordering::Relaxed);
+        best.picks.fetch_add(1, Ordering::Relaxed);
+        let reason = match (saturated, subset.is_some(), fresh) {
+            (true, _, _) => PickReason::Saturated,
+            (false, true, _) => PickReason::Subset,
+            (false, false, true) => PickReason::Score,
+            (false, false, false) => PickReason::InFlight,
+        };
         Ok(InFlight {
             state: Arc::clone(best),
-            reason: if subset.is_some() {
-                PickReason::Subset
-            } else {
-                PickReason::LeastInFlight
-            },
+            changed: Arc::clone(&self.changed),
+            reason,
         })
     }
+}
+
+fn allowed(subset: Option<&[SocketAddr]>, s: &EndpointState) -> bool {
+    subset.is_none_or(|set| set.contains(&s.endpoint.addr))
 }
 
 #[cfg(test)]
@@ -189,20 +405,27 @@ mod tests {
     }
 
     fn pool(ports: &[u16]) -> Pool {
-        let p = Pool::new();
+        let p = Pool::default();
         p.set(ports.iter().map(|&port| Endpoint::at(addr(port))).collect());
         p
     }
 
     #[test]
     fn an_empty_pool_picks_nothing() {
-        assert_eq!(Pool::new().pick(None).unwrap_err(), NoPick::Empty);
+        assert_eq!(
+            Pool::default()
+                .pick(None, Instant::now(), false)
+                .unwrap_err(),
+            NoPick::Empty
+        );
     }
 
     #[test]
     fn picks_spread_over_the_pool_while_requests_are_in_flight() {
         let p = pool(&[1, 2, 3]);
-        let held: Vec<InFlight> = (0..6).map(|_| p.pick(None).unwrap()).collect();
+        let held: Vec<InFlight> = (0..6)
+            .map(|_| p.pick(None, Instant::now(), false).unwrap())
+            .collect();
         for s in p.endpoints() {
             assert_eq!(s.in_flight(), 2, "{:?}", s.endpoint);
         }
@@ -213,14 +436,14 @@ mod tests {
     #[test]
     fn the_least_loaded_endpoint_wins() {
         let p = pool(&[1, 2]);
-        let _a = p.pick(None).unwrap();
-        let _b = p.pick(None).unwrap();
-        let c = p.pick(None).unwrap();
+        let _a = p.pick(None, Instant::now(), false).unwrap();
+        let _b = p.pick(None, Instant::now(), false).unwrap();
+        let c = p.pick(None, Instant::now(), false).unwrap();
         // Two in flight where `c` went, one on the other: the next pick goes to the other,
         // whichever the round robin starts at.
         let busy = c.endpoint().addr;
         for _ in 0..4 {
-            let d = p.pick(None).unwrap();
+            let d = p.pick(None, Instant::now(), false).unwrap();
             assert_ne!(d.endpoint().addr, busy);
         }
     }
@@ -229,18 +452,24 @@ mod tests {
     fn a_subset_hint_restricts_the_pick() {
         let p = pool(&[1, 2, 3]);
         for _ in 0..5 {
-            let f = p.pick(Some(&[addr(3)])).unwrap();
+            let f = p.pick(Some(&[addr(3)]), Instant::now(), false).unwrap();
             assert_eq!((f.endpoint().addr, f.reason), (addr(3), PickReason::Subset));
             std::mem::forget(f);
         }
-        assert_eq!(p.pick(Some(&[addr(9)])).unwrap_err(), NoPick::NotInSubset);
-        assert_eq!(p.pick(Some(&[])).unwrap_err(), NoPick::NotInSubset);
+        assert_eq!(
+            p.pick(Some(&[addr(9)]), Instant::now(), false).unwrap_err(),
+            NoPick::NotInSubset
+        );
+        assert_eq!(
+            p.pick(Some(&[]), Instant::now(), false).unwrap_err(),
+            NoPick::NotInSubset
+        );
     }
 
     #[test]
     fn endpoints_that_stay_keep_their_count() {
         let p = pool(&[1, 2]);
-        let held = p.pick(Some(&[addr(2)])).unwrap();
+        let held = p.pick(Some(&[addr(2)]), Instant::now(), false).unwrap();
         p.set(vec![
             Endpoint::at(addr(2)),
             Endpoint::at(addr(3)),
@@ -256,9 +485,125 @@ mod tests {
         drop(held);
         assert_eq!(p.endpoints()[0].in_flight(), 0);
         // A request that finishes after its endpoint left touches nothing in the pool.
-        let gone = p.pick(Some(&[addr(3)])).unwrap();
+        let gone = p.pick(Some(&[addr(3)]), Instant::now(), false).unwrap();
         p.set(vec![]);
         drop(gone);
         assert!(p.is_empty());
+    }
+
+    fn sample(waiting: f64, deferred: f64, running: f64, kv: f64) -> ReplicaSample {
+        ReplicaSample {
+            waiting_capacity: Some(waiting),
+            waiting_deferred: Some(deferred),
+            running: Some(running),
+            kv_usage: Some(kv),
+            ..ReplicaSample::default()
+        }
+    }
+
+    fn state(p: &Pool, port: u16) -> Arc<EndpointState> {
+        p.endpoints()
+            .into_iter()
+            .find(|s| s.endpoint.addr == addr(port))
+            .unwrap()
+    }
+
+    #[test]
+    fn fresh_loads_steer_the_pick() {
+        let p = pool(&[1, 2, 3]);
+        let now = Instant::now();
+        state(&p, 1).observe(now, &sample(3.0, 0.0, 4.0, 0.2), 0);
+        state(&p, 2).observe(now, &sample(0.0, 30.0, 1.0, 0.1), 0);
+        state(&p, 3).observe(now, &sample(0.0, 0.0, 2.0, 0.1), 0);
+        // 2 is the least loaded: its deferred requests are not load.
+        let f = p.pick(None, now, false).unwrap();
+        assert_eq!((f.endpoint().addr, f.reason), (addr(2), PickReason::Score));
+        // Two more sent there since its scrape: 3 (score 2.4) now beats 2 (1.4 + 2).
+        let _g = p.pick(None, now, false).unwrap();
+        let h = p.pick(None, now, false).unwrap();
+        assert_eq!(h.endpoint().addr, addr(3));
+        // A new scrape of 2 starts: what was sent counts as the engine's own numbers again.
+        let s2 = state(&p, 2);
+        let mark = s2.scrape_began();
+        s2.observe(now, &sample(0.0, 30.0, 1.0, 0.1), mark);
+        assert_eq!(p.pick(None, now, false).unwrap().endpoint().addr, addr(2));
+    }
+
+    #[test]
+    fn stale_endpoints_are_scored_on_in_flight_and_keep_getting_requests() {
+        let p = pool(&[1, 2]);
+        let t0 = Instant::now();
+        state(&p, 1).observe(t0, &sample(0.0, 0.0, 6.0, 0.3), 0);
+        state(&p, 2).observe(t0, &sample(0.0, 0.0, 1.0, 0.1), 0);
+        assert_eq!(p.stale(t0), 0);
+        let later = t0 + Duration::from_secs(5);
+        assert_eq!(p.stale(later), 2);
+        // Both stale: the in-flight count alone decides, so they alternate.
+        let a = p.pick(None, later, false).unwrap();
+        let b = p.pick(None, later, false).unwrap();
+        assert_ne!(a.endpoint().addr, b.endpoint().addr);
+        assert_eq!(a.reason, PickReason::InFlight);
+    }
+
+    #[test]
+    fn the_pool_is_saturated_only_when_every_allowed_endpoint_is() {
+        let p = pool(&[1, 2]);
+        let now = Instant::now();
+        assert!(!p.saturated(None, now), "no data is not saturation");
+        state(&p, 1).observe(now, &sample(9.0, 0.0, 8.0, 0.5), 0);
+        assert!(!p.saturated(None, now));
+        assert!(p.saturated(Some(&[addr(1)]), now));
+        state(&p, 2).observe(now, &sample(0.0, 0.0, 8.0, 0.95), 0);
+        assert!(p.saturated(None, now));
+        assert!(!p.saturated(Some(&[addr(7)]), now));
+        assert!(
+            !p.saturated(None, now + Duration::from_secs(1)),
+            "stale data is not saturation"
+        );
+        let f = p.pick(None, now, true).unwrap();
+        assert_eq!(f.reason, PickReason::Saturated);
+    }
+
+    #[test]
+    fn recent_429s_push_an_endpoint_down_and_fade() {
+        let p = pool(&[1, 2]);
+        let t0 = Instant::now();
+        for s in p.endpoints() {
+            s.observe(t0, &sample(0.0, 0.0, 1.0, 0.0), 0);
+        }
+        state(&p, 1).observe_429(t0);
+        for _ in 0..4 {
+            let f = p.pick(None, t0, false).unwrap();
+            assert_eq!(f.endpoint().addr, addr(2));
+        }
+        // The engine's own counter counts too, per series, between two scrapes.
+        let mut with = sample(0.0, 0.0, 1.0, 0.0);
+        with.rejections_total = Some([("reason=\"queue\"".to_string(), 10.0)].into());
+        let s2 = state(&p, 2);
+        s2.observe(t0, &with, 0);
+        with.rejections_total = Some([("reason=\"queue\"".to_string(), 13.0)].into());
+        s2.observe(t0, &with, 0);
+        assert!((s2.snapshot(t0).rejections_per_second - 3.0).abs() < 1e-9);
+        let faded = s2
+            .snapshot(t0 + Duration::from_secs(10))
+            .rejections_per_second;
+        assert!(faded < 0.001, "{faded}");
+    }
+
+    #[test]
+    fn a_finished_request_wakes_those_waiting() {
+        let p = Arc::new(pool(&[1]));
+        let f = p.pick(None, Instant::now(), false).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let notified = p.changed().notified();
+            drop(f);
+            tokio::time::timeout(Duration::from_secs(1), notified)
+                .await
+                .expect("woken");
+        });
     }
 }

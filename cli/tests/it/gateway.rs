@@ -23,6 +23,11 @@ const MODEL: &str = "synthetic:tiny";
 /// The Envoy binary: `BALLAST_ENVOY`, else what scripts/envoy.sh installs (or has cached).
 /// `None` (the test then skips) only when neither works and Envoy is not required.
 fn envoy() -> Option<PathBuf> {
+    static ENVOY: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    ENVOY.get_or_init(find_envoy).clone()
+}
+
+fn find_envoy() -> Option<PathBuf> {
     let required = std::env::var("BALLAST_REQUIRE_ENVOY").is_ok_and(|v| v == "1");
     if let Ok(path) = std::env::var("BALLAST_ENVOY") {
         return Some(PathBuf::from(path));
@@ -367,15 +372,10 @@ async fn requests_through_envoy_arrive_whole_where_the_gateway_sends_them() {
     }
     let picked: Vec<f64> = addrs
         .iter()
-        .map(|a| {
-            sample(
-                &metrics,
-                "ballast_gateway_picks_total",
-                &format!("endpoint=\"{a}\",reason=\"least_in_flight\""),
-            )
-        })
+        .map(|&a| picks(&metrics, a, "score") + picks(&metrics, a, "in_flight"))
         .collect();
-    assert!(picked.iter().all(|&n| n >= 4.0), "{picked:?}");
+    assert!(picked.iter().all(|&n| n >= 3.0), "{picked:?}");
+    assert_eq!(picked.iter().sum::<f64>(), 13.0, "{picked:?}");
     assert_eq!(
         sample(&metrics, "ballast_gateway_requests_in_flight", ""),
         0.0
@@ -488,4 +488,195 @@ async fn requests_through_envoy_arrive_whole_where_the_gateway_sends_them() {
         let (s, v) = post(&format!("{open_url}/v1/completions"), &completion).await;
         assert_eq!(s, 200, "FailOpen: {v}");
     }
+}
+
+/// `ballast bench` against `url` in the background, stopped on drop.
+fn load(url: &str, args: &[&str]) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(["bench", "--url", url, "--no-progress", "--ignore-eos"])
+        .args(["--input-len", "8", "--duration", "120"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ballast bench");
+    let log = collect_stderr(&mut child);
+    Proc { child, log }
+}
+
+/// The sum of an engine's `name` samples whose labels contain `with`.
+fn engine_sum(base: &str, name: &str, with: &str) -> f64 {
+    let text = common::get(&format!("{base}/metrics")).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until `cond` holds (checked every 50 ms), at most 30 s.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn picks(metrics: &str, endpoint: SocketAddr, reason: &str) -> f64 {
+    sample(
+        metrics,
+        "ballast_gateway_picks_total",
+        &format!("endpoint=\"{endpoint}\",reason=\"{reason}\""),
+    )
+}
+
+/// The gateway reads the engines' own numbers: requests go around an engine whose queue
+/// is long, and an engine whose waiting requests are only deferred by a tenant cap is not
+/// treated as loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_where_the_engines_say_there_is_room() {
+    let _group = crate::common::group(module_path!());
+    let Some(envoy) = envoy() else { return };
+    let dir = common::local::temp_dir("gateway-scored");
+    let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "ignore_eos": true});
+
+    // A queue on one engine: one slot, six clients straight to it.
+    let queued = spawn_engine(&["--model", MODEL, "--max-num-seqs", "1"], Log::Inherit);
+    let idle = spawn_engine(&["--model", MODEL], Log::Inherit);
+    let (q, i) = (addr_of(&queued), addr_of(&idle));
+    let (_gateway, grpc, metrics) = spawn_gateway(&["--endpoints", &format!("{q},{i}")]);
+    let proxy = spawn_envoy(&envoy, &dir, grpc, false, &[q, i]);
+    let _load = load(&queued.base, &["--concurrency", "6", "--output-len", "256"]);
+    wait_for("a queue on the one-slot engine", || {
+        engine_sum(
+            &queued.base,
+            "ballast_num_requests_waiting_by_reason",
+            "reason=\"capacity\"",
+        ) >= 4.0
+    });
+    // The gateway reads it within a few scrape intervals.
+    std::thread::sleep(Duration::from_millis(400));
+    for _ in 0..10 {
+        let (s, v) = post(&format!("{}/v1/completions", proxy.url), &short).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    assert_eq!(
+        picks(&metrics, q, "score"),
+        0.0,
+        "a request went to the queue"
+    );
+    assert_eq!(picks(&metrics, i, "score"), 10.0);
+    drop(_load);
+
+    // Deferred is not load: one engine with five requests deferred by a tenant cap (one
+    // running), the other with three running, no cap.
+    let capped = spawn_engine(
+        &["--model", MODEL, "--max-running-per-tenant", "1"],
+        Log::Inherit,
+    );
+    let busy = spawn_engine(&["--model", MODEL], Log::Inherit);
+    let (c, b) = (addr_of(&capped), addr_of(&busy));
+    let (_gateway, grpc, metrics) = spawn_gateway(&["--endpoints", &format!("{c},{b}")]);
+    let proxy = spawn_envoy(&envoy, &dir, grpc, false, &[c, b]);
+    let _deferred = load(
+        &capped.base,
+        &[
+            "--concurrency",
+            "6",
+            "--tenants",
+            "1",
+            "--output-len",
+            "256",
+        ],
+    );
+    let _running = load(&busy.base, &["--concurrency", "3", "--output-len", "256"]);
+    wait_for("deferred requests and running ones", || {
+        engine_sum(
+            &capped.base,
+            "ballast_num_requests_waiting_by_reason",
+            "reason=\"deferred\"",
+        ) >= 4.0
+            && engine_sum(&busy.base, "ballast_num_requests_running", "") >= 3.0
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    for _ in 0..10 {
+        let (s, v) = post(&format!("{}/v1/completions", proxy.url), &short).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    assert_eq!(
+        picks(&metrics, c, "score"),
+        10.0,
+        "deferred requests were counted as load"
+    );
+    assert!(
+        engine_sum(
+            &capped.base,
+            "ballast_num_requests_waiting_by_reason",
+            "reason=\"capacity\""
+        ) == 0.0
+    );
+}
+
+/// Every engine saturated: a sheddable request is refused with 429 and `Retry-After`, any
+/// other is held in the gateway for at most `--queue-timeout-ms`, then sent on and served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_pool_sheds_the_sheddable_and_holds_the_rest() {
+    let _group = crate::common::group(module_path!());
+    let Some(envoy) = envoy() else { return };
+    let dir = common::local::temp_dir("gateway-saturated");
+    let engines = [
+        spawn_engine(&["--model", MODEL, "--max-num-seqs", "1"], Log::Inherit),
+        spawn_engine(&["--model", MODEL, "--max-num-seqs", "1"], Log::Inherit),
+    ];
+    let addrs: Vec<SocketAddr> = engines.iter().map(addr_of).collect();
+    let (_gateway, grpc, metrics) = spawn_gateway(&[
+        "--endpoints",
+        &format!("{},{}", addrs[0], addrs[1]),
+        "--queue-threshold",
+        "3",
+        "--queue-timeout-ms",
+        "600",
+    ]);
+    let proxy = spawn_envoy(&envoy, &dir, grpc, false, &addrs);
+    let _loads: Vec<Proc> = engines
+        .iter()
+        .map(|e| load(&e.base, &["--concurrency", "6", "--output-len", "256"]))
+        .collect();
+    wait_for("queues on both engines", || {
+        engines.iter().all(|e| {
+            engine_sum(
+                &e.base,
+                "ballast_num_requests_waiting_by_reason",
+                "reason=\"capacity\"",
+            ) >= 4.0
+        })
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1, "ignore_eos": true});
+    let r = client()
+        .post(format!("{}/v1/completions", proxy.url))
+        .header("x-ballast-priority", "-1")
+        .json(&short)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "shed");
+
+    let started = Instant::now();
+    let (s, v) = post(&format!("{}/v1/completions", proxy.url), &short).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "not held: answered in {:?}",
+        started.elapsed()
+    );
+    let saturated: f64 = addrs.iter().map(|&a| picks(&metrics, a, "saturated")).sum();
+    assert_eq!(saturated, 1.0);
+    assert_eq!(
+        sample(&metrics, "ballast_gateway_queue_wait_seconds_count", ""),
+        1.0
+    );
+    assert_eq!(sample(&metrics, "ballast_gateway_queue_length", ""), 0.0);
 }

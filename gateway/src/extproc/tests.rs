@@ -9,22 +9,25 @@ use super::*;
 use crate::pool::Endpoint;
 
 fn shared(ports: &[u16], models: &[&str]) -> Shared {
-    let pool = Pool::new();
+    let pool = Pool::default();
     pool.set(
         ports
             .iter()
             .map(|&p| Endpoint::at(SocketAddr::from(([127, 0, 0, 1], p))))
             .collect(),
     );
-    Shared {
-        pool: Arc::new(pool),
-        config: ProcessorConfig {
+    Shared::new(
+        Arc::new(pool),
+        ProcessorConfig {
             max_body_bytes: 1 << 20,
             models: models.iter().map(|m| m.to_string()).collect(),
             retry_after_secs: 2,
+            priority_header: "x-ballast-priority".into(),
+            queue_max: 2,
+            queue_timeout: Duration::from_millis(50),
         },
-        metrics: Arc::new(GatewayMetrics::new()),
-    }
+        Arc::new(GatewayMetrics::new()),
+    )
 }
 
 fn headers(pairs: &[(&str, &str)], end_of_stream: bool) -> ProcessingRequest {
@@ -166,7 +169,7 @@ fn a_body_is_routed_after_its_last_chunk_and_sent_back_whole() {
     assert_eq!(
         s.metrics
             .picks
-            .with_label_values(&[dest.as_str(), "least_in_flight"])
+            .with_label_values(&[dest.as_str(), "in_flight"])
             .get(),
         1
     );
@@ -357,4 +360,114 @@ fn a_stream_that_ends_early_or_is_dropped_holds_nothing() {
     }
     assert_eq!(s.pool.endpoints()[0].in_flight(), 0);
     assert_eq!(s.metrics.in_flight.get(), 0);
+}
+
+fn saturate(s: &Shared) {
+    let now = Instant::now();
+    for e in s.pool.endpoints() {
+        let hot = ballast_operator::signals::ReplicaSample {
+            waiting_capacity: Some(9.0),
+            running: Some(8.0),
+            kv_usage: Some(0.5),
+            ..Default::default()
+        };
+        e.observe(now, &hot, 0);
+    }
+    assert!(s.pool.saturated(None, now));
+}
+
+#[test]
+fn a_saturated_pool_sheds_the_sheddable_and_holds_the_rest_within_bounds() {
+    let s = shared(&[8001, 8002], &[]);
+    saturate(&s);
+    let mut x = Exchange::new(&s);
+    x.on(headers(
+        &[(":method", "POST"), ("x-ballast-priority", "-1")],
+        false,
+    ));
+    let (status, answer_headers, json) = immediate_of(&x.on(body(b"{}", true)));
+    assert_eq!(
+        (status, json["error"]["code"].as_str()),
+        (429, Some("shed"))
+    );
+    assert_eq!(answer_headers["retry-after"], "2");
+
+    // Not sheddable: held, two at most (the queue's bound in these tests).
+    let mut a = Exchange::new(&s);
+    a.on(post());
+    let step = a.on(body(b"{}", true));
+    assert!(step.hold && step.replies.is_empty());
+    let mut b = Exchange::new(&s);
+    b.on(headers(
+        &[(":method", "POST"), ("x-ballast-priority", "3")],
+        false,
+    ));
+    assert!(b.on(body(b"{}", true)).hold);
+    assert_eq!(s.held.load(Ordering::Relaxed), 2);
+    assert_eq!(s.metrics.queue_length.get(), 2);
+    // The queue is full: the next one is sent on at once.
+    let mut c = Exchange::new(&s);
+    c.on(post());
+    let step = c.on(body(b"{}", true));
+    assert!(!step.hold);
+    destination(&step.replies[0]);
+    // A held request released is routed, as saturated.
+    let step = a.release(Instant::now());
+    let dest = destination(&step.replies[0]);
+    assert_eq!(chunks(&step.replies[1..]), vec![(b"{}".to_vec(), true)]);
+    assert_eq!(
+        s.metrics
+            .picks
+            .with_label_values(&[dest.as_str(), "saturated"])
+            .get()
+            + s.metrics
+                .picks
+                .with_label_values(&[
+                    if dest.ends_with("8001") {
+                        "127.0.0.1:8002"
+                    } else {
+                        "127.0.0.1:8001"
+                    },
+                    "saturated"
+                ])
+                .get(),
+        2
+    );
+    // One whose client went away leaves the queue.
+    assert_eq!(b.closed(), "abandoned");
+    drop(b);
+    assert_eq!(s.held.load(Ordering::Relaxed), 0);
+    assert_eq!(s.metrics.queue_length.get(), 0);
+    assert_eq!(s.metrics.queue_wait.get_sample_count(), 1);
+    assert_eq!(refused(&s, "429", "shed"), 1);
+}
+
+#[test]
+fn a_priority_that_is_not_an_integer_is_a_400() {
+    let s = shared(&[8001], &[]);
+    let mut x = Exchange::new(&s);
+    let (status, _, json) = immediate_of(&x.on(headers(
+        &[(":method", "POST"), ("x-ballast-priority", "high")],
+        false,
+    )));
+    assert_eq!(
+        (status, json["error"]["code"].as_str()),
+        (400, Some("invalid_header"))
+    );
+}
+
+#[test]
+fn a_429_from_the_endpoint_counts_against_it() {
+    let s = shared(&[8001], &[]);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    x.on(body(b"{}", true));
+    let mut h = headers(&[(":status", "429")], false);
+    let Some(In::RequestHeaders(hh)) = h.request.take() else {
+        unreachable!()
+    };
+    h.request = Some(In::ResponseHeaders(hh));
+    x.on(h);
+    let snap = s.pool.endpoints()[0].snapshot(Instant::now());
+    assert!(snap.rejections_per_second > 0.5, "{snap:?}");
 }

@@ -1,0 +1,255 @@
+//! How an endpoint is scored and when it counts as saturated: pure functions of what the
+//! gateway last read from it, what the gateway itself has sent there, and the flags.
+//!
+//! Lower is better. For an endpoint with fresh data (a scrape newer than
+//! `stale_after`):
+//!
+//! ```text
+//! score = w_waiting · capacity-waiting + w_running · running
+//!       + w_in_flight · picks since that scrape + w_kv · KV usage + w_rejections · 429/s
+//! ```
+//!
+//! Deferred-waiting requests (held back by a per-tenant cap while the engine has room) are
+//! **not** load: they say nothing about how soon a new request from another tenant runs.
+//! The picks since the scrape are the requests the gateway sent that the engine's numbers
+//! cannot show yet, so a burst between two scrapes spreads instead of piling onto the
+//! endpoint that looked best at the last one.
+//!
+//! An endpoint whose data is stale (or that was never read) is scored on the gateway's own
+//! in-flight count alone, `w_in_flight · in flight`: it is neither saturated nor dropped,
+//! because a slow `/metrics` is not a slow engine.
+
+use std::time::Duration;
+
+/// What one scrape of an endpoint said, combined over its DP ranks.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Load {
+    /// Requests waiting for capacity.
+    pub capacity_waiting: f64,
+    /// Requests deferred by tenant caps (reported, never scored).
+    pub deferred_waiting: f64,
+    /// Requests running.
+    pub running: f64,
+    /// KV cache usage in [0, 1] (max over ranks).
+    pub kv_usage: f64,
+}
+
+/// The weights of the score; every flag has the default given here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights {
+    /// Per request waiting for capacity (`--weight-waiting`, 2).
+    pub waiting: f64,
+    /// Per request running (`--weight-running`, 1).
+    pub running: f64,
+    /// Per request the gateway sent that the last scrape cannot show, or, for a stale
+    /// endpoint, per request in flight (`--weight-in-flight`, 1).
+    pub in_flight: f64,
+    /// Times KV usage, 0..1 (`--weight-kv`, 4: a full cache weighs as four running).
+    pub kv: f64,
+    /// Per 429 per second (`--weight-rejections`, 10).
+    pub rejections: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            waiting: 2.0,
+            running: 1.0,
+            in_flight: 1.0,
+            kv: 4.0,
+            rejections: 10.0,
+        }
+    }
+}
+
+/// When an endpoint is saturated: over either threshold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thresholds {
+    /// Capacity-waiting requests at or over which it is saturated (`--queue-threshold`, 5).
+    pub queue: f64,
+    /// KV usage at or over which it is saturated (`--kv-threshold`, 0.8).
+    pub kv: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            queue: 5.0,
+            kv: 0.8,
+        }
+    }
+}
+
+/// Everything the score depends on besides the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scoring {
+    /// The weights.
+    pub weights: Weights,
+    /// The saturation thresholds.
+    pub thresholds: Thresholds,
+    /// Data older than this is stale.
+    pub stale_after: Duration,
+}
+
+impl Default for Scoring {
+    fn default() -> Self {
+        Scoring {
+            weights: Weights::default(),
+            thresholds: Thresholds::default(),
+            stale_after: Duration::from_millis(300),
+        }
+    }
+}
+
+/// What the gateway knows of one endpoint at the moment of a pick.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Snapshot {
+    /// The last scrape's load and its age; `None` when never read.
+    pub load: Option<(Load, Duration)>,
+    /// Requests the gateway has in flight there.
+    pub in_flight: u64,
+    /// Requests the gateway sent there since the last scrape began.
+    pub since_scrape: u64,
+    /// Recent 429s per second: from the engine's counter, or seen by the gateway in
+    /// responses, whichever is higher.
+    pub rejections_per_second: f64,
+}
+
+impl Scoring {
+    /// The load of `s` if it is fresh.
+    pub fn fresh(&self, s: &Snapshot) -> Option<Load> {
+        s.load
+            .filter(|(_, age)| *age <= self.stale_after)
+            .map(|(l, _)| l)
+    }
+
+    /// The score of `s`; lower is better.
+    pub fn score(&self, s: &Snapshot) -> f64 {
+        let w = &self.weights;
+        match self.fresh(s) {
+            Some(l) => {
+                w.waiting * l.capacity_waiting
+                    + w.running * l.running
+                    + w.in_flight * s.since_scrape as f64
+                    + w.kv * l.kv_usage
+                    + w.rejections * s.rejections_per_second
+            }
+            None => w.in_flight * s.in_flight as f64,
+        }
+    }
+
+    /// Whether `s` is saturated: fresh, and at or over the queue or the KV threshold. A
+    /// stale endpoint never is.
+    pub fn saturated(&self, s: &Snapshot) -> bool {
+        self.fresh(s).is_some_and(|l| {
+            l.capacity_waiting >= self.thresholds.queue || l.kv_usage >= self.thresholds.kv
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh(load: Load) -> Snapshot {
+        Snapshot {
+            load: Some((load, Duration::from_millis(20))),
+            in_flight: 0,
+            since_scrape: 0,
+            rejections_per_second: 0.0,
+        }
+    }
+
+    #[test]
+    fn deferred_waiting_is_not_load() {
+        let s = Scoring::default();
+        let deferred = fresh(Load {
+            running: 1.0,
+            deferred_waiting: 20.0,
+            ..Load::default()
+        });
+        let busy = fresh(Load {
+            running: 2.0,
+            ..Load::default()
+        });
+        assert!(s.score(&deferred) < s.score(&busy));
+        assert!(!s.saturated(&deferred));
+    }
+
+    #[test]
+    fn waiting_weighs_more_than_running() {
+        let s = Scoring::default();
+        let queued = fresh(Load {
+            running: 4.0,
+            capacity_waiting: 2.0,
+            ..Load::default()
+        });
+        let running = fresh(Load {
+            running: 7.0,
+            ..Load::default()
+        });
+        assert!(s.score(&queued) > s.score(&running));
+    }
+
+    #[test]
+    fn picks_since_the_scrape_and_429s_count() {
+        let s = Scoring::default();
+        let base = fresh(Load::default());
+        let sent = Snapshot {
+            since_scrape: 3,
+            ..base
+        };
+        let refusing = Snapshot {
+            rejections_per_second: 0.5,
+            ..base
+        };
+        assert_eq!(s.score(&base), 0.0);
+        assert_eq!(s.score(&sent), 3.0);
+        assert_eq!(s.score(&refusing), 5.0);
+        let full = fresh(Load {
+            kv_usage: 0.5,
+            ..Load::default()
+        });
+        assert_eq!(s.score(&full), 2.0);
+    }
+
+    #[test]
+    fn stale_data_is_scored_on_in_flight_alone_and_never_saturated() {
+        let s = Scoring::default();
+        let hot = Load {
+            capacity_waiting: 50.0,
+            kv_usage: 1.0,
+            ..Load::default()
+        };
+        let old = Snapshot {
+            load: Some((hot, Duration::from_secs(2))),
+            in_flight: 2,
+            since_scrape: 9,
+            rejections_per_second: 3.0,
+        };
+        assert_eq!(s.score(&old), 2.0);
+        assert!(!s.saturated(&old));
+        let never = Snapshot { load: None, ..old };
+        assert_eq!(s.score(&never), 2.0);
+        assert!(s.saturated(&fresh(hot)));
+    }
+
+    #[test]
+    fn either_threshold_saturates() {
+        let s = Scoring::default();
+        let queue = fresh(Load {
+            capacity_waiting: 5.0,
+            ..Load::default()
+        });
+        let kv = fresh(Load {
+            kv_usage: 0.85,
+            ..Load::default()
+        });
+        let fine = fresh(Load {
+            capacity_waiting: 4.0,
+            kv_usage: 0.79,
+            ..Load::default()
+        });
+        assert!(s.saturated(&queue) && s.saturated(&kv) && !s.saturated(&fine));
+    }
+}

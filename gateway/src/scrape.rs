@@ -1,0 +1,111 @@
+//! The gateway's own reading of its endpoints: every `--scrape-interval-ms`, each endpoint's
+//! `/metrics`, over one kept-alive connection per endpoint, read as the operator reads it
+//! (its parser and dialect adapters: ballast, vLLM, SGLang), parsing only the families the
+//! dialect reads.
+//!
+//! One task per endpoint, started and stopped as the pool's endpoint set changes. A scrape
+//! that fails leaves the last load in place; its age makes it stale after a few intervals
+//! ([`Scoring::stale_after`](crate::score::Scoring)), and the endpoint is then scored on
+//! the gateway's in-flight count alone.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ballast_operator::scrape::{ScrapeConfig, Scraper, Target};
+use ballast_operator::signals::Dialect;
+
+use crate::metrics::GatewayMetrics;
+use crate::pool::{EndpointState, Pool};
+
+/// How endpoints are read.
+#[derive(Debug, Clone)]
+pub struct ScrapeSettings {
+    /// Which series names the engines export.
+    pub dialect: Dialect,
+    /// Time between the starts of two scrapes of one endpoint.
+    pub interval: Duration,
+    /// The exposition's path (and query).
+    pub path: String,
+    /// Longest one scrape may take.
+    pub timeout: Duration,
+}
+
+/// Scrapes every endpoint of `pool` until dropped, following the endpoint set.
+pub async fn run(pool: Arc<Pool>, settings: ScrapeSettings, metrics: Arc<GatewayMetrics>) {
+    let scraper = Scraper::new(ScrapeConfig {
+        path: settings.path.clone(),
+        timeout: settings.timeout,
+        // Body buffers are kept for this many scrapes in flight at once.
+        concurrency: 64,
+        ..ScrapeConfig::default()
+    });
+    let mut members = pool.members();
+    let mut tasks: HashMap<SocketAddr, (Arc<EndpointState>, tokio::task::JoinHandle<()>)> =
+        HashMap::new();
+    loop {
+        let current = pool.endpoints();
+        tasks.retain(|addr, (state, task)| {
+            let keep = current
+                .iter()
+                .any(|s| s.endpoint.addr == *addr && Arc::ptr_eq(s, state));
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for state in current {
+            let addr = state.endpoint.addr;
+            if tasks.contains_key(&addr) {
+                continue;
+            }
+            let task = tokio::spawn(follow(
+                Arc::clone(&state),
+                scraper.clone(),
+                settings.clone(),
+                Arc::clone(&pool),
+                Arc::clone(&metrics),
+            ));
+            tasks.insert(addr, (state, task));
+        }
+        if members.changed().await.is_err() {
+            break;
+        }
+    }
+    for (_, (_, task)) in tasks {
+        task.abort();
+    }
+}
+
+/// Scrapes one endpoint every interval, forever.
+async fn follow(
+    state: Arc<EndpointState>,
+    scraper: Scraper,
+    settings: ScrapeSettings,
+    pool: Arc<Pool>,
+    metrics: Arc<GatewayMetrics>,
+) {
+    let target = Target::new(
+        state.endpoint.name.clone(),
+        format!("http://{}", state.endpoint.addr),
+    );
+    let mut tick = tokio::time::interval(settings.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mark = state.scrape_began();
+        let outcome = scraper.scrape_one(settings.dialect, &target).await;
+        match &outcome.result {
+            Ok(sample) => {
+                state.observe(Instant::now(), sample, mark);
+                metrics.scrapes.with_label_values(&["ok"]).inc();
+                pool.loads_changed();
+            }
+            Err(e) => {
+                metrics.scrapes.with_label_values(&[e.reason()]).inc();
+                tracing::debug!(endpoint = %state.endpoint.name, error = %e, "scrape failed");
+            }
+        }
+    }
+}
