@@ -135,6 +135,15 @@ impl Dispatcher {
         rank
     }
 
+    /// Charges a request worth `tokens` to `rank`, chosen by the client (a gateway that
+    /// picks ranks): the weights are not consulted, the outstanding count still follows.
+    pub fn charge(&self, rank: usize, tokens: u64) {
+        let mut s = self.lock();
+        if let Some(o) = s.outstanding.get_mut(rank) {
+            *o += tokens;
+        }
+    }
+
     /// A request charged to `rank` finished.
     pub fn release(&self, rank: usize, tokens: u64) {
         let mut s = self.lock();

@@ -49,6 +49,9 @@ pub struct Submission {
     pub arrival_instant: Instant,
     /// Where the request's spans go (when tracing is on).
     pub trace: Option<TraceContext>,
+    /// The data-parallel rank asked for (the `X-Data-Parallel-Rank` header a gateway that
+    /// picks ranks sends); `None`: the dispatcher picks. Out of range is `TooLarge` (400).
+    pub rank: Option<usize>,
 }
 
 /// Why a submission was not accepted.
@@ -347,6 +350,13 @@ impl Engine {
         if !self.core_alive() {
             return Err(SubmitError::CoreStopped);
         }
+        let ranks = inner.config.data_parallel_size;
+        if let Some(rank) = subs.iter().find_map(|s| s.rank.filter(|&r| r >= ranks)) {
+            return Err(SubmitError::TooLarge(format!(
+                "data-parallel rank {rank} does not exist: this engine has {ranks} (0 to {})",
+                ranks - 1
+            )));
+        }
         let tokens = subs.iter().map(|s| s.prompt.len()).sum();
         if let Some(why) = inner.admission.never_admissible(subs.len(), tokens) {
             return Err(SubmitError::TooLarge(why));
@@ -360,7 +370,13 @@ impl Engine {
         while let Some(sub) = pending.next() {
             let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
             let charged = (sub.prompt.len() + sub.sampling.max_tokens as usize) as u64;
-            let rank = inner.dispatcher.assign(charged);
+            let rank = match sub.rank {
+                Some(rank) => {
+                    inner.dispatcher.charge(rank, charged);
+                    rank
+                }
+                None => inner.dispatcher.assign(charged),
+            };
             let (tx, rx) = mpsc::unbounded_channel();
             // The timeline is kept even with --disable-log-stats: the counters (prompt
             // tokens by source, finishes by reason) need it; only histograms are off.

@@ -602,3 +602,50 @@ async fn requests_at_each_bound_pass_and_over_it_get_400() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 8);
 }
+
+/// `X-Data-Parallel-Rank` (what vLLM and SGLang take from a gateway that picks ranks) puts
+/// a request on that rank; a rank this engine does not have is a 400 naming the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_parallel_rank_header_picks_the_rank() {
+    let s = start(&["--data-parallel-size", "2"]).await;
+    let body = json!({"prompt": "rank", "max_tokens": 2, "ignore_eos": true});
+    for _ in 0..4 {
+        let r = s
+            .client
+            .post(format!("{}/v1/completions", s.base))
+            .header("X-Data-Parallel-Rank", "1")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let text = s.metrics().await;
+    let finished = |rank: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("ballast_request_success_total{")
+                    && l.contains(&format!("engine=\"{rank}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!((finished("0"), finished("1")), (0.0, 4.0), "{text}");
+    for bad in ["2", "-1", "one", ""] {
+        let r = s
+            .client
+            .post(format!("{}/v1/completions", s.base))
+            .header("X-Data-Parallel-Rank", bad)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{bad:?}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["param"], "X-Data-Parallel-Rank", "{bad:?}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("0 to 1"),
+            "{v}"
+        );
+    }
+}

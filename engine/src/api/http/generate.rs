@@ -47,6 +47,8 @@ pub struct Job {
     pub arrival: (std::time::SystemTime, std::time::Instant),
     /// Trace of the request (choice 0 uses it; other choices get sibling root spans).
     pub trace: Option<TraceContext>,
+    /// The data-parallel rank from `X-Data-Parallel-Rank`, for every choice.
+    pub rank: Option<usize>,
 }
 
 /// Seconds since the Unix epoch.
@@ -85,6 +87,7 @@ impl Job {
                     trace: self
                         .trace
                         .map(|t| if subs.is_empty() { t } else { t.sibling() }),
+                    rank: self.rank,
                 });
             }
         }

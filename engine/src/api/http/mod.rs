@@ -389,6 +389,7 @@ fn prepare(
         }
         None => params.user.as_deref().map(Into::into),
     };
+    let rank = data_parallel_rank(headers, cfg.data_parallel_size)?;
     let nonce = unix_now();
     Ok(Job {
         endpoint,
@@ -401,7 +402,29 @@ fn prepare(
         tenant,
         arrival,
         trace: None,
+        rank,
     })
+}
+
+/// The header vLLM and SGLang take a data-parallel rank from, which a gateway that picks
+/// ranks sends.
+pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
+
+/// The rank `X-Data-Parallel-Rank` asks for: an integer in `0..ranks`, else a 400.
+fn data_parallel_rank(headers: &HeaderMap, ranks: usize) -> Result<Option<usize>, ApiError> {
+    let Some(v) = headers.get(DP_RANK_HEADER) else {
+        return Ok(None);
+    };
+    match v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(rank) if rank < ranks => Ok(Some(rank)),
+        _ => Err(ApiError::invalid(
+            "X-Data-Parallel-Rank",
+            format!(
+                "header X-Data-Parallel-Rank must be a rank of this engine, 0 to {} ({ranks} data-parallel ranks)",
+                ranks - 1
+            ),
+        )),
+    }
 }
 
 /// A per-process counter mixed into response ids so they do not repeat within a second.
