@@ -26,7 +26,7 @@ async fn sigterm_keeps_serving_for_the_shutdown_delay_then_drains_and_exits_zero
             "--model",
             "synthetic:small",
             "--max-model-len",
-            "1024",
+            "2100",
             "--shutdown-delay",
             "3",
         ],
@@ -38,8 +38,10 @@ async fn sigterm_keeps_serving_for_the_shutdown_delay_then_drains_and_exits_zero
     let r = c.get(url("/health")).send().await.unwrap();
     assert_eq!((r.status().as_u16(), closes(&r)), (200, false));
 
-    // A stream accepted before the signal, long enough to outlast the delay.
-    let tokens = 500;
+    // A stream accepted before the signal, long enough to outlast the delay on its own
+    // (about 10 s here): a shorter one can finish during the delay when the socket
+    // buffers hold its whole body, and the engine then exits before the drain is seen.
+    let tokens = 2000;
     let body = json!({
         "prompt": "finish me", "max_tokens": tokens, "ignore_eos": true,
         "stream": true, "stream_options": {"include_usage": true},
