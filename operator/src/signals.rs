@@ -67,6 +67,11 @@ pub struct ReplicaSample {
     pub waiting_deferred: Option<f64>,
     /// KV cache usage in [0, 1]: the max over ranks, never the mean.
     pub kv_usage: Option<f64>,
+    /// The same gauges for each data-parallel rank (index = rank), as the rank labels say
+    /// (ballast and vLLM `engine`, SGLang `dp_rank`): what a picker that chooses the rank
+    /// reads. Empty when the gauges carry no rank label, or their ranks are not exactly
+    /// 0..N.
+    pub ranks: Vec<RankLoad>,
     /// Lifetime admission rejections (HTTP 429), per series (reason and rank). Empty when
     /// the family is declared (`# TYPE`) but no rejection has happened yet.
     pub rejections_total: Option<CounterSeries>,
@@ -80,6 +85,21 @@ pub struct ReplicaSample {
     /// The signal families the exposition carried (declared or with samples), whether or
     /// not their values were usable.
     pub families: BTreeSet<Family>,
+}
+
+/// One data-parallel rank's gauges in one scrape. A gauge the exposition does not carry
+/// reads 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RankLoad {
+    /// Requests running on the rank.
+    pub running: f64,
+    /// Requests waiting for the rank's capacity (all waiting, for dialects without a
+    /// reason split).
+    pub waiting_capacity: f64,
+    /// Requests deferred by tenant caps on the rank.
+    pub waiting_deferred: f64,
+    /// The rank's KV cache usage in [0, 1].
+    pub kv_usage: f64,
 }
 
 impl ReplicaSample {

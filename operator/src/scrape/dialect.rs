@@ -50,7 +50,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::parser::{Exposition, Sample};
-use crate::signals::{CounterSeries, Dialect, Family, ReplicaSample};
+use crate::signals::{CounterSeries, Dialect, Family, RankLoad, ReplicaSample};
 
 /// Highest DP rank index accepted in a label; a larger one is treated as garbage rather
 /// than allocating a vector that long.
@@ -147,6 +147,20 @@ fn ballast(exp: &Exposition<'_>) -> ReplicaSample {
         waiting_capacity: waiting("capacity"),
         waiting_deferred: waiting("deferred"),
         kv_usage: max_ratio(exp.named(KV)),
+        ranks: rank_loads([
+            by_label(exp.named("ballast_num_requests_running"), "engine"),
+            by_label(
+                exp.named(WAITING)
+                    .filter(|s| s.label("reason") == Some("capacity")),
+                "engine",
+            ),
+            by_label(
+                exp.named(WAITING)
+                    .filter(|s| s.label("reason") == Some("deferred")),
+                "engine",
+            ),
+            ratios(by_label(exp.named(KV), "engine")),
+        ]),
         rejections_total: counter_series(exp, REJECTIONS),
         ttft_buckets: buckets(exp.named("ballast_time_to_first_token_seconds_bucket")),
         dp_tokens: per_rank(
@@ -173,28 +187,43 @@ fn ballast(exp: &Exposition<'_>) -> ReplicaSample {
 fn vllm(exp: &Exposition<'_>) -> ReplicaSample {
     const BY_REASON: &str = "vllm:num_requests_waiting_by_reason";
     const REJECTIONS: &str = "vllm:admission_rejections_total";
-    let (waiting_capacity, waiting_deferred) = if exp.has(BY_REASON) {
-        let waiting = |reason: &'static str| {
-            sum_counts(
-                exp.named(BY_REASON)
-                    .filter(move |s| s.label("reason") == Some(reason)),
-            )
-        };
-        (waiting("capacity"), waiting("deferred"))
+    let by_reason = |reason: &'static str| {
+        exp.named(BY_REASON)
+            .filter(move |s| s.label("reason") == Some(reason))
+    };
+    let (waiting_capacity, waiting_deferred, rank_capacity, rank_deferred) = if exp.has(BY_REASON) {
+        (
+            sum_counts(by_reason("capacity")),
+            sum_counts(by_reason("deferred")),
+            by_label(by_reason("capacity"), "engine"),
+            by_label(by_reason("deferred"), "engine"),
+        )
     } else {
         // Older vLLM cannot tell deferred from capacity: all waiting counts as capacity.
-        (sum_counts(exp.named("vllm:num_requests_waiting")), None)
+        let waiting = || exp.named("vllm:num_requests_waiting");
+        (
+            sum_counts(waiting()),
+            None,
+            by_label(waiting(), "engine"),
+            Ok(None),
+        )
     };
-    let kv_usage = if exp.has("vllm:kv_cache_usage_perc") {
-        max_ratio(exp.named("vllm:kv_cache_usage_perc"))
+    let kv = if exp.has("vllm:kv_cache_usage_perc") {
+        "vllm:kv_cache_usage_perc"
     } else {
-        max_ratio(exp.named("vllm:gpu_cache_usage_perc"))
+        "vllm:gpu_cache_usage_perc"
     };
     ReplicaSample {
         running: sum_counts(exp.named("vllm:num_requests_running")),
         waiting_capacity,
         waiting_deferred,
-        kv_usage,
+        kv_usage: max_ratio(exp.named(kv)),
+        ranks: rank_loads([
+            by_label(exp.named("vllm:num_requests_running"), "engine"),
+            rank_capacity,
+            rank_deferred,
+            ratios(by_label(exp.named(kv), "engine")),
+        ]),
         rejections_total: counter_series(exp, REJECTIONS),
         ttft_buckets: buckets(exp.named("vllm:time_to_first_token_seconds_bucket")),
         dp_tokens: per_rank(exp.named("vllm:iteration_tokens_total_sum"), "engine"),
@@ -230,6 +259,21 @@ fn sglang(exp: &Exposition<'_>) -> ReplicaSample {
             let max = r.values().fold(0.0_f64, |m, v| m.max(*v));
             (max <= 1.0).then_some(max)
         }),
+        ranks: rank_loads([
+            ranked(
+                by_rank("sglang:num_running_reqs"),
+                exp.has("sglang:num_running_reqs"),
+            ),
+            ranked(
+                by_rank("sglang:num_queue_reqs"),
+                exp.has("sglang:num_queue_reqs"),
+            ),
+            Ok(None),
+            ratios(ranked(
+                by_rank("sglang:token_usage"),
+                exp.has("sglang:token_usage"),
+            )),
+        ]),
         rejections_total: None,
         ttft_buckets: buckets(exp.named("sglang:time_to_first_token_seconds_bucket")),
         dp_tokens: computed.map(dense_ranks).unwrap_or_default(),
@@ -348,6 +392,77 @@ fn dense_ranks(ranks: BTreeMap<Option<usize>, f64>) -> Vec<f64> {
     } else {
         Vec::new()
     }
+}
+
+/// One gauge per rank: `Ok(None)` when the exposition has no samples of it, `Err` when
+/// they cannot be read per rank (no rank label, a negative count, a ratio out of range).
+type PerRank = Result<Option<BTreeMap<usize, f64>>, ()>;
+
+/// Per-rank sums of `samples` by their `label` rank label.
+fn by_label<'a>(samples: impl Iterator<Item = &'a Sample<'a>>, label: &str) -> PerRank {
+    let mut ranks = BTreeMap::new();
+    for s in samples {
+        let r = rank_of(s, label).ok_or(())?;
+        if s.value < 0.0 {
+            return Err(());
+        }
+        *ranks.entry(r).or_insert(0.0) += s.value;
+    }
+    Ok((!ranks.is_empty()).then_some(ranks))
+}
+
+/// SGLang's folded groups (`None` when unusable), when every one has a `dp_rank`.
+fn ranked(groups: Option<BTreeMap<Option<usize>, f64>>, carried: bool) -> PerRank {
+    match groups {
+        None if carried => Err(()),
+        None => Ok(None),
+        Some(g) => g
+            .into_iter()
+            .map(|(r, v)| r.map(|r| (r, v)).ok_or(()))
+            .collect::<Result<_, ()>>()
+            .map(Some),
+    }
+}
+
+/// Per-rank values that must be ratios in [0, 1].
+fn ratios(ranks: PerRank) -> PerRank {
+    match ranks? {
+        Some(r) if r.values().any(|v| !(0.0..=1.0).contains(v)) => Err(()),
+        r => Ok(r),
+    }
+}
+
+/// Running, capacity-waiting, deferred-waiting and KV usage per rank, into one load per
+/// rank (a gauge the exposition lacks reads 0). Empty unless at least one is known, none
+/// is unusable, and every known one has exactly the ranks 0..N: a rank seen in one gauge
+/// and not in another, or a gap, is not a rank to send requests to.
+fn rank_loads(gauges: [PerRank; 4]) -> Vec<RankLoad> {
+    let Ok(gauges) = gauges.into_iter().collect::<Result<Vec<_>, ()>>() else {
+        return Vec::new();
+    };
+    let Some(n) = gauges.iter().flatten().map(BTreeMap::len).max() else {
+        return Vec::new();
+    };
+    let dense =
+        |g: &BTreeMap<usize, f64>| g.len() == n && g.keys().enumerate().all(|(i, k)| i == *k);
+    if !gauges.iter().flatten().all(dense) {
+        return Vec::new();
+    }
+    let at = |g: usize, r: usize| {
+        gauges[g]
+            .as_ref()
+            .and_then(|m| m.get(&r))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    (0..n)
+        .map(|r| RankLoad {
+            running: at(0, r),
+            waiting_capacity: at(1, r),
+            waiting_deferred: at(2, r),
+            kv_usage: at(3, r),
+        })
+        .collect()
 }
 
 /// SGLang folding: series are grouped by `dp_rank` (absent = one group) and by the extra

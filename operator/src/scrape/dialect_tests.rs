@@ -39,6 +39,69 @@ fn out_of_range_values_make_the_field_none() {
 }
 
 #[test]
+fn each_rank_has_its_own_load() {
+    let s = ballast(
+        "ballast_kv_cache_usage_ratio{engine=\"0\"} 0.2\n\
+         ballast_kv_cache_usage_ratio{engine=\"1\"} 0.9\n\
+         ballast_num_requests_running{engine=\"0\"} 3\n\
+         ballast_num_requests_running{engine=\"1\"} 4\n\
+         ballast_num_requests_waiting_by_reason{engine=\"1\",reason=\"capacity\"} 2\n\
+         ballast_num_requests_waiting_by_reason{engine=\"0\",reason=\"capacity\"} 0\n",
+    );
+    let r = |running, waiting_capacity, kv_usage| RankLoad {
+        running,
+        waiting_capacity,
+        waiting_deferred: 0.0,
+        kv_usage,
+    };
+    assert_eq!(s.ranks, [r(3.0, 0.0, 0.2), r(4.0, 2.0, 0.9)]);
+}
+
+#[test]
+fn ranks_that_cannot_be_told_apart_are_no_ranks() {
+    for (why, text) in [
+        (
+            "a gap",
+            "ballast_num_requests_running{engine=\"0\"} 3\n\
+             ballast_num_requests_running{engine=\"2\"} 4\n",
+        ),
+        (
+            "a rank one gauge lacks",
+            "ballast_num_requests_running{engine=\"0\"} 3\n\
+             ballast_num_requests_running{engine=\"1\"} 4\n\
+             ballast_kv_cache_usage_ratio{engine=\"0\"} 0.2\n",
+        ),
+        (
+            "an unranked series",
+            "ballast_num_requests_running{engine=\"0\"} 3\n\
+             ballast_num_requests_running 4\n",
+        ),
+        (
+            "a ratio out of range",
+            "ballast_num_requests_running{engine=\"0\"} 3\n\
+             ballast_kv_cache_usage_ratio{engine=\"0\"} 1.2\n",
+        ),
+        (
+            "a negative count",
+            "ballast_num_requests_running{engine=\"0\"} -3\n",
+        ),
+    ] {
+        assert_eq!(ballast(text).ranks, [], "{why}");
+    }
+    let sglang = adapt(
+        Dialect::Sglang,
+        &parse(
+            "sglang:num_running_reqs{dp_rank=\"0\",tp_rank=\"0\"} 3\n\
+             sglang:num_running_reqs{dp_rank=\"0\",tp_rank=\"1\"} 3\n\
+             sglang:num_running_reqs{dp_rank=\"1\",tp_rank=\"2\"} 5\n\
+             sglang:num_queue_reqs{tp_rank=\"0\"} 1\n",
+        ),
+    );
+    assert_eq!(sglang.running, Some(8.0));
+    assert_eq!(sglang.ranks, [], "a queue gauge without dp_rank");
+}
+
+#[test]
 fn nothing_of_the_dialect_is_not_usable() {
     assert!(!is_usable(&ballast(
         "vllm:num_requests_running{engine=\"0\"} 3\n"

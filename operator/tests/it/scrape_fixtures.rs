@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use ballast_operator::scrape::dialect::{adapt, reads};
 use ballast_operator::scrape::parser::{Limits, MetricType, parse, parse_selected};
-use ballast_operator::signals::{CounterSeries, Dialect, Family, ReplicaSample};
+use ballast_operator::signals::{CounterSeries, Dialect, Family, RankLoad, ReplicaSample};
 
 const INF: f64 = f64::INFINITY;
 
@@ -127,6 +127,16 @@ const TTFT_BOUNDS: [f64; 23] = [
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, INF,
 ];
 
+/// One rank's load: running, capacity-waiting, deferred-waiting, KV usage.
+fn rank(running: f64, waiting_capacity: f64, waiting_deferred: f64, kv_usage: f64) -> RankLoad {
+    RankLoad {
+        running,
+        waiting_capacity,
+        waiting_deferred,
+        kv_usage,
+    }
+}
+
 #[test]
 fn ballast_engine_under_load() {
     let mut counts = vec![0.0, 0.0, 1.0, 2.0, 2.0, 2.0];
@@ -138,6 +148,10 @@ fn ballast_engine_under_load() {
             waiting_capacity: Some(1.0),
             waiting_deferred: Some(2.0),
             kv_usage: Some(0.00115966796875),
+            ranks: vec![
+                rank(1.0, 0.0, 1.0, 0.000946044921875),
+                rank(1.0, 1.0, 1.0, 0.00115966796875)
+            ],
             rejections_total: series(&[
                 (
                     r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_reqs""#,
@@ -163,6 +177,10 @@ fn ballast_engine_with_eight_ranks_under_load() {
     assert_eq!(s.waiting_capacity, Some(8.0));
     assert_eq!(s.waiting_deferred, Some(0.0));
     assert_eq!(s.kv_usage, Some(0.00048828125));
+    assert_eq!(s.ranks.len(), 8);
+    let sum = |f: fn(&RankLoad) -> f64| s.ranks.iter().map(f).sum::<f64>();
+    assert_eq!(sum(|r| r.running), 10.0);
+    assert_eq!(sum(|r| r.waiting_capacity), 8.0);
     assert_eq!(s.rejections_sum(), Some(411.0));
     assert_eq!(
         s.dp_tokens,
@@ -185,6 +203,7 @@ fn ballast_engine_idle() {
             waiting_capacity: Some(0.0),
             waiting_deferred: Some(0.0),
             kv_usage: Some(0.0),
+            ranks: vec![rank(0.0, 0.0, 0.0, 0.0); 2],
             rejections_total: series(&[
                 (
                     r#"engine="0",model_name="synthetic:tiny",reason="max_num_queued_reqs""#,
@@ -218,6 +237,7 @@ fn vllm_v1_two_engines() {
             waiting_capacity: Some(5.0),
             waiting_deferred: Some(1.0),
             kv_usage: Some(0.8125),
+            ranks: vec![rank(12.0, 4.0, 1.0, 0.8125), rank(7.0, 1.0, 0.0, 0.4375)],
             rejections_total: series(&[
                 (
                     r#"engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",reason="max_num_queued_reqs""#,
@@ -253,6 +273,8 @@ fn vllm_v0_single_engine() {
             waiting_capacity: Some(3.0),
             waiting_deferred: None,
             kv_usage: Some(0.6631181667080153),
+            ranks: // One engine without an `engine` label: no ranks to pick.
+            vec![],
             // This vLLM predates `vllm:admission_rejections_total`: the family is absent.
             rejections_total: None,
             ttft_buckets: buckets(&bounds, &counts),
@@ -280,6 +302,12 @@ fn sglang_dp_attention_four_ranks() {
             waiting_capacity: Some(12.0),
             waiting_deferred: None,
             kv_usage: Some(0.93),
+            ranks: vec![
+                rank(31.0, 3.0, 0.0, 0.71),
+                rank(28.0, 0.0, 0.0, 0.64),
+                rank(35.0, 9.0, 0.0, 0.93),
+                rank(2.0, 0.0, 0.0, 0.05),
+            ],
             rejections_total: None,
             ttft_buckets: buckets(&bounds, &counts),
             // prefill_compute + decode per dp_rank; prefill_cache is not computed work.
