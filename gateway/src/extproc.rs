@@ -56,6 +56,10 @@ pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 pub const DESTINATION_NAMESPACE: &str = "envoy.lb";
 /// The metadata namespace of the subset hint.
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+/// The request header naming the data-parallel rank picked within the endpoint, as vLLM,
+/// SGLang and ballast engines read it. A client's own value is replaced when the gateway
+/// picks the rank, and kept when it does not.
+pub const DP_RANK: &str = "x-data-parallel-rank";
 /// The subset hint's key (in [`SUBSET_NAMESPACE`]) and header: the endpoints the request
 /// may go to.
 pub const SUBSET: &str = "x-gateway-destination-endpoint-subset";
@@ -464,6 +468,14 @@ impl<'a> Exchange<'a> {
             .picks
             .with_label_values(&[picked.endpoint().name.as_str(), picked.reason.as_str()])
             .inc();
+        let mut set_headers = vec![header(DESTINATION, &addr)];
+        if let Some(rank) = picked.rank {
+            set_headers.push(header(DP_RANK, &rank.to_string()));
+            metrics
+                .rank_picks
+                .with_label_values(&[picked.endpoint().name.as_str(), &rank.to_string()])
+                .inc();
+        }
         metrics.in_flight.inc();
         self.in_flight = Some(picked);
         self.phase = Phase::Routed;
@@ -472,7 +484,7 @@ impl<'a> Exchange<'a> {
             response: Some(Out::RequestHeaders(HeadersResponse {
                 response: Some(CommonResponse {
                     header_mutation: Some(HeaderMutation {
-                        set_headers: vec![header(DESTINATION, &addr)],
+                        set_headers,
                         remove_headers: Vec::new(),
                     }),
                     clear_route_cache: true,

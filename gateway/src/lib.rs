@@ -148,6 +148,17 @@ pub struct GatewayArgs {
     /// KV usage at or over which an endpoint is saturated.
     #[arg(long, env = "BALLAST_GATEWAY_KV_THRESHOLD", default_value_t = Thresholds::default().kv)]
     pub kv_threshold: f64,
+    /// Pick the data-parallel rank too, on each rank's own gauges, and send it as
+    /// `X-Data-Parallel-Rank` (vLLM, SGLang and ballast engines honour it); `false` leaves
+    /// the rank to the engine and scores each endpoint on its sums over ranks.
+    #[arg(
+        long,
+        env = "BALLAST_GATEWAY_PICK_DP_RANK",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub pick_dp_rank: bool,
     /// The request header with a request's priority (an integer; negative is sheddable:
     /// 429 while every endpoint is saturated).
     #[arg(
@@ -209,6 +220,7 @@ impl GatewayArgs {
                 kv: self.kv_threshold,
             },
             stale_after: interval * self.stale_intervals,
+            pick_ranks: self.pick_dp_rank,
         })
     }
 }

@@ -10,6 +10,9 @@ pub struct GatewayMetrics {
     registry: Registry,
     /// `ballast_gateway_picks_total{endpoint, reason}`: requests routed.
     pub picks: IntCounterVec,
+    /// `ballast_gateway_rank_picks_total{endpoint, rank}`: requests sent to a DP rank the
+    /// gateway picked (`X-Data-Parallel-Rank`).
+    pub rank_picks: IntCounterVec,
     /// `ballast_gateway_refusals_total{code, reason}`: requests the gateway answered
     /// itself (400, 404, 413, 429, 503), by HTTP status and the error's code.
     pub refusals: IntCounterVec,
@@ -55,6 +58,14 @@ impl GatewayMetrics {
                 "Requests the gateway routed, by endpoint and the reason it was picked.",
             ),
             &["endpoint", "reason"],
+        )
+        .expect("valid");
+        let rank_picks = IntCounterVec::new(
+            Opts::new(
+                "ballast_gateway_rank_picks_total",
+                "Requests the gateway sent to a data-parallel rank it picked (X-Data-Parallel-Rank), by endpoint and rank.",
+            ),
+            &["endpoint", "rank"],
         )
         .expect("valid");
         let refusals = IntCounterVec::new(
@@ -121,6 +132,7 @@ impl GatewayMetrics {
         .expect("valid");
         for c in [
             Box::new(picks.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(rank_picks.clone()),
             Box::new(refusals.clone()),
             Box::new(streams.clone()),
             Box::new(pick_duration.clone()),
@@ -136,6 +148,7 @@ impl GatewayMetrics {
         GatewayMetrics {
             registry,
             picks,
+            rank_picks,
             refusals,
             streams,
             pick_duration,

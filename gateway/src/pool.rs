@@ -20,7 +20,7 @@ use ballast_operator::scrape::aggregate::series_increase;
 use ballast_operator::signals::{CounterSeries, ReplicaSample};
 use tokio::sync::{Notify, watch};
 
-use crate::score::{Load, Scoring, Snapshot};
+use crate::score::{Load, RankSnapshot, Scoring, Snapshot};
 
 /// How long a 429 keeps counting: the recent-429 rate decays with this time constant.
 pub const REJECTION_MEMORY: Duration = Duration::from_secs(1);
@@ -73,11 +73,50 @@ impl Decaying {
     }
 }
 
+/// Requests the gateway sent somewhere and those of them that finished, ever.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    sent: u64,
+    done: u64,
+}
+
+impl Counts {
+    /// Requests added since `seen`: sent since, less finished since. Negative when more
+    /// finished than were sent: requests the scrape counted have left.
+    fn since(&self, seen: &Counts) -> i64 {
+        let sent = self.sent.saturating_sub(seen.sent);
+        let done = self.done.saturating_sub(seen.done);
+        sent as i64 - done as i64
+    }
+}
+
+/// The gateway's own counts for an endpoint or a rank, against the scrapes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    /// Now.
+    now: Counts,
+    /// When the scrape in progress began.
+    mark: Counts,
+    /// When the last usable scrape began: what its numbers may show.
+    seen: Counts,
+}
+
+impl Tally {
+    fn since_scrape(&self) -> i64 {
+        self.now.since(&self.seen)
+    }
+}
+
 /// What the scrapes and responses of one endpoint said.
 #[derive(Debug, Default)]
 struct Observed {
     /// The last usable scrape's load, and when it was read.
     load: Option<(Load, Instant)>,
+    /// The gateway's requests to the endpoint.
+    tally: Tally,
+    /// Each DP rank's load at the last usable scrape and the gateway's requests to it
+    /// (empty: no ranks).
+    ranks: Vec<(Load, Tally)>,
     /// The engine's admission-rejection counter at the last scrape that carried it.
     rejections: Option<CounterSeries>,
     /// Rejections the engine counted, recently.
@@ -92,10 +131,6 @@ pub struct EndpointState {
     /// The endpoint.
     pub endpoint: Endpoint,
     in_flight: AtomicU64,
-    /// Requests ever sent here.
-    picks: AtomicU64,
-    /// [`EndpointState::picks`] when the last usable scrape began: what it may show.
-    picks_seen: AtomicU64,
     observed: Mutex<Observed>,
 }
 
@@ -104,8 +139,6 @@ impl EndpointState {
         EndpointState {
             endpoint,
             in_flight: AtomicU64::new(0),
-            picks: AtomicU64::new(0),
-            picks_seen: AtomicU64::new(0),
             observed: Mutex::default(),
         }
     }
@@ -119,15 +152,17 @@ impl EndpointState {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// A scrape starts: the mark to hand to [`EndpointState::observe`] when it succeeds.
-    /// Requests sent from now on, its numbers may not show.
-    pub fn scrape_began(&self) -> u64 {
-        self.picks.load(Ordering::Relaxed)
+    /// A scrape starts: requests sent or finished from now on, its numbers may not show.
+    pub fn scrape_began(&self) {
+        let mut o = self.observed();
+        o.tally.mark = o.tally.now;
+        for (_, t) in &mut o.ranks {
+            t.mark = t.now;
+        }
     }
 
-    /// A usable scrape, begun at `mark`, read at `now`.
-    pub fn observe(&self, now: Instant, sample: &ReplicaSample, mark: u64) {
-        self.picks_seen.fetch_max(mark, Ordering::Relaxed);
+    /// A usable scrape, begun at the last [`EndpointState::scrape_began`], read at `now`.
+    pub fn observe(&self, now: Instant, sample: &ReplicaSample) {
         let load = Load {
             capacity_waiting: sample.waiting_capacity.unwrap_or(0.0),
             deferred_waiting: sample.waiting_deferred.unwrap_or(0.0),
@@ -136,12 +171,47 @@ impl EndpointState {
         };
         let mut o = self.observed();
         o.load = Some((load, now));
+        o.tally.seen = o.tally.mark;
+        let same_ranks = o.ranks.len() == sample.ranks.len();
+        if !same_ranks {
+            // The engine's ranks changed (or are first seen): nothing sent is pending.
+            o.ranks = vec![(Load::default(), Tally::default()); sample.ranks.len()];
+        }
+        for ((l, t), r) in o.ranks.iter_mut().zip(&sample.ranks) {
+            *l = Load {
+                capacity_waiting: r.waiting_capacity,
+                deferred_waiting: r.waiting_deferred,
+                running: r.running,
+                kv_usage: r.kv_usage,
+            };
+            t.seen = t.mark;
+        }
         if let Some(cur) = &sample.rejections_total {
             if let Some(prev) = &o.rejections {
                 let n = series_increase(prev, cur);
                 o.engine_429.add(now, n);
             }
             o.rejections = Some(cur.clone());
+        }
+    }
+
+    /// A request sent here, to `rank` if one was picked.
+    fn count_sent(&self, rank: Option<usize>) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let mut o = self.observed();
+        o.tally.now.sent += 1;
+        if let Some((_, t)) = rank.and_then(|r| o.ranks.get_mut(r)) {
+            t.now.sent += 1;
+        }
+    }
+
+    /// A request sent here (to `rank`) finished.
+    fn count_done(&self, rank: Option<usize>) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let mut o = self.observed();
+        o.tally.now.done += 1;
+        if let Some((_, t)) = rank.and_then(|r| o.ranks.get_mut(r)) {
+            t.now.done += 1;
         }
     }
 
@@ -160,11 +230,16 @@ impl EndpointState {
         let o = self.observed();
         Snapshot {
             load: o.load.map(|(l, at)| (l, now.saturating_duration_since(at))),
+            ranks: o
+                .ranks
+                .iter()
+                .map(|(load, t)| RankSnapshot {
+                    load: *load,
+                    since_scrape: t.since_scrape(),
+                })
+                .collect(),
             in_flight: self.in_flight(),
-            since_scrape: self
-                .picks
-                .load(Ordering::Relaxed)
-                .saturating_sub(self.picks_seen.load(Ordering::Relaxed)),
+            since_scrape: o.tally.since_scrape(),
             rejections_per_second: o.engine_429.rate(now).max(o.seen_429.rate(now)),
         }
     }
@@ -213,6 +288,8 @@ pub struct InFlight {
     changed: Arc<Notify>,
     /// Why it went there.
     pub reason: PickReason,
+    /// The DP rank it goes to, when the endpoint's ranks are scored.
+    pub rank: Option<usize>,
 }
 
 impl InFlight {
@@ -229,7 +306,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.state.count_done(self.rank);
         self.changed.notify_waiters();
     }
 }
@@ -364,7 +441,7 @@ impl Pool {
         }
         let n = endpoints.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let mut best: Option<(f64, &Arc<EndpointState>, bool)> = None;
+        let mut best: Option<(f64, &Arc<EndpointState>, Snapshot)> = None;
         for s in (0..n).map(|i| &endpoints[(start + i) % n]) {
             if !allowed(subset, s) {
                 continue;
@@ -372,12 +449,13 @@ impl Pool {
             let snap = s.snapshot(now);
             let score = self.scoring.score(&snap);
             if best.as_ref().is_none_or(|(b, _, _)| score < *b) {
-                best = Some((score, s, self.scoring.fresh(&snap).is_some()));
+                best = Some((score, s, snap));
             }
         }
-        let (_, best, fresh) = best.ok_or(NoPick::NotInSubset)?;
-        best.in_flight.fetch_add(1, Ordering::Relaxed);
-        best.picks.fetch_add(1, Ordering::Relaxed);
+        let (_, best, snap) = best.ok_or(NoPick::NotInSubset)?;
+        let fresh = self.scoring.fresh(&snap).is_some();
+        let rank = self.scoring.rank(&snap).map(|(r, _)| r);
+        best.count_sent(rank);
         let reason = match (saturated, subset.is_some(), fresh) {
             (true, _, _) => PickReason::Saturated,
             (false, true, _) => PickReason::Subset,
@@ -388,6 +466,7 @@ impl Pool {
             state: Arc::clone(best),
             changed: Arc::clone(&self.changed),
             reason,
+            rank,
         })
     }
 }
@@ -512,9 +591,9 @@ mod tests {
     fn fresh_loads_steer_the_pick() {
         let p = pool(&[1, 2, 3]);
         let now = Instant::now();
-        state(&p, 1).observe(now, &sample(3.0, 0.0, 4.0, 0.2), 0);
-        state(&p, 2).observe(now, &sample(0.0, 30.0, 1.0, 0.1), 0);
-        state(&p, 3).observe(now, &sample(0.0, 0.0, 2.0, 0.1), 0);
+        state(&p, 1).observe(now, &sample(3.0, 0.0, 4.0, 0.2));
+        state(&p, 2).observe(now, &sample(0.0, 30.0, 1.0, 0.1));
+        state(&p, 3).observe(now, &sample(0.0, 0.0, 2.0, 0.1));
         // 2 is the least loaded: its deferred requests are not load.
         let f = p.pick(None, now, false).unwrap();
         assert_eq!((f.endpoint().addr, f.reason), (addr(2), PickReason::Score));
@@ -524,17 +603,41 @@ mod tests {
         assert_eq!(h.endpoint().addr, addr(3));
         // A new scrape of 2 starts: what was sent counts as the engine's own numbers again.
         let s2 = state(&p, 2);
-        let mark = s2.scrape_began();
-        s2.observe(now, &sample(0.0, 30.0, 1.0, 0.1), mark);
+        s2.scrape_began();
+        s2.observe(now, &sample(0.0, 30.0, 1.0, 0.1));
         assert_eq!(p.pick(None, now, false).unwrap().endpoint().addr, addr(2));
+    }
+
+    #[test]
+    fn requests_that_finish_before_the_next_scrape_count_down() {
+        let p = pool(&[1, 2]);
+        let now = Instant::now();
+        for (port, running) in [(1, 2.0), (2, 2.5)] {
+            let s = state(&p, port);
+            s.scrape_began();
+            s.observe(now, &sample(0.0, 0.0, running, 0.0));
+        }
+        // 1's next scrape shows the gateway's request among its 3; it finishes before the
+        // scrape after: 1 (3 - 1) has more room than 2 (2.5), though its numbers say not.
+        let one = p.pick(Some(&[addr(1)]), now, false).unwrap();
+        state(&p, 1).scrape_began();
+        state(&p, 1).observe(now, &sample(0.0, 0.0, 3.0, 0.0));
+        drop(one);
+        assert_eq!(state(&p, 1).snapshot(now).since_scrape, -1);
+        assert_eq!(state(&p, 2).snapshot(now).since_scrape, 0);
+        for _ in 0..3 {
+            let f = p.pick(None, now, false).unwrap();
+            assert_eq!(f.endpoint().addr, addr(1));
+            drop(f);
+        }
     }
 
     #[test]
     fn stale_endpoints_are_scored_on_in_flight_and_keep_getting_requests() {
         let p = pool(&[1, 2]);
         let t0 = Instant::now();
-        state(&p, 1).observe(t0, &sample(0.0, 0.0, 6.0, 0.3), 0);
-        state(&p, 2).observe(t0, &sample(0.0, 0.0, 1.0, 0.1), 0);
+        state(&p, 1).observe(t0, &sample(0.0, 0.0, 6.0, 0.3));
+        state(&p, 2).observe(t0, &sample(0.0, 0.0, 1.0, 0.1));
         assert_eq!(p.stale(t0), 0);
         let later = t0 + Duration::from_secs(5);
         assert_eq!(p.stale(later), 2);
@@ -550,10 +653,10 @@ mod tests {
         let p = pool(&[1, 2]);
         let now = Instant::now();
         assert!(!p.saturated(None, now), "no data is not saturation");
-        state(&p, 1).observe(now, &sample(9.0, 0.0, 8.0, 0.5), 0);
+        state(&p, 1).observe(now, &sample(9.0, 0.0, 8.0, 0.5));
         assert!(!p.saturated(None, now));
         assert!(p.saturated(Some(&[addr(1)]), now));
-        state(&p, 2).observe(now, &sample(0.0, 0.0, 8.0, 0.95), 0);
+        state(&p, 2).observe(now, &sample(0.0, 0.0, 8.0, 0.95));
         assert!(p.saturated(None, now));
         assert!(!p.saturated(Some(&[addr(7)]), now));
         assert!(
@@ -569,7 +672,7 @@ mod tests {
         let p = pool(&[1, 2]);
         let t0 = Instant::now();
         for s in p.endpoints() {
-            s.observe(t0, &sample(0.0, 0.0, 1.0, 0.0), 0);
+            s.observe(t0, &sample(0.0, 0.0, 1.0, 0.0));
         }
         state(&p, 1).observe_429(t0);
         for _ in 0..4 {
@@ -580,9 +683,9 @@ mod tests {
         let mut with = sample(0.0, 0.0, 1.0, 0.0);
         with.rejections_total = Some([("reason=\"queue\"".to_string(), 10.0)].into());
         let s2 = state(&p, 2);
-        s2.observe(t0, &with, 0);
+        s2.observe(t0, &with);
         with.rejections_total = Some([("reason=\"queue\"".to_string(), 13.0)].into());
-        s2.observe(t0, &with, 0);
+        s2.observe(t0, &with);
         assert!((s2.snapshot(t0).rejections_per_second - 3.0).abs() < 1e-9);
         let faded = s2
             .snapshot(t0 + Duration::from_secs(10))

@@ -15,6 +15,12 @@
 //! cannot show yet, so a burst between two scrapes spreads instead of piling onto the
 //! endpoint that looked best at the last one.
 //!
+//! An endpoint with several data-parallel ranks is scored by its best rank, each rank by
+//! the same formula over its own gauges and the picks the gateway sent it since the scrape
+//! (the 429 term stays the endpoint's): a pod whose rank 0 is full but whose rank 1 is
+//! idle can take a request now, and the request goes to rank 1. It is saturated only when
+//! every rank is.
+//!
 //! An endpoint whose data is stale (or that was never read) is scored on the gateway's own
 //! in-flight count alone, `w_in_flight · in flight`: it is neither saturated nor dropped,
 //! because a slow `/metrics` is not a slow engine.
@@ -89,6 +95,9 @@ pub struct Scoring {
     pub thresholds: Thresholds,
     /// Data older than this is stale.
     pub stale_after: Duration,
+    /// Whether ranks are scored and picked (`--pick-dp-rank`); when not, an endpoint is
+    /// scored on its sums over ranks and the engine places the request itself.
+    pub pick_ranks: bool,
 }
 
 impl Default for Scoring {
@@ -97,19 +106,35 @@ impl Default for Scoring {
             weights: Weights::default(),
             thresholds: Thresholds::default(),
             stale_after: Duration::from_millis(300),
+            pick_ranks: true,
         }
     }
 }
 
-/// What the gateway knows of one endpoint at the moment of a pick.
+/// One data-parallel rank as a pick sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankSnapshot {
+    /// The rank's gauges at the last scrape.
+    pub load: Load,
+    /// Requests the gateway sent to this rank since the last scrape began, less those of
+    /// its requests there that finished since (negative when more finished).
+    pub since_scrape: i64,
+}
+
+/// What the gateway knows of one endpoint at the moment of a pick.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// The last scrape's load and its age; `None` when never read.
     pub load: Option<(Load, Duration)>,
+    /// Each rank's load at that scrape, when the engine labels its gauges by rank; empty
+    /// otherwise.
+    pub ranks: Vec<RankSnapshot>,
     /// Requests the gateway has in flight there.
     pub in_flight: u64,
-    /// Requests the gateway sent there since the last scrape began.
-    pub since_scrape: u64,
+    /// Requests the gateway sent there since the last scrape began, less those of its
+    /// requests there that finished since (negative when more finished): what the
+    /// scrape's numbers cannot show yet.
+    pub since_scrape: i64,
     /// Recent 429s per second: from the engine's counter, or seen by the gateway in
     /// responses, whichever is higher.
     pub rejections_per_second: f64,
@@ -123,27 +148,58 @@ impl Scoring {
             .map(|(l, _)| l)
     }
 
+    /// The ranks of `s` that are scored: fresh data, at least two ranks, ranks picked.
+    fn ranks<'s>(&self, s: &'s Snapshot) -> Option<&'s [RankSnapshot]> {
+        (self.pick_ranks && s.ranks.len() >= 2 && self.fresh(s).is_some())
+            .then_some(s.ranks.as_slice())
+    }
+
+    /// The score of one load with `since_scrape` requests sent that it cannot show.
+    fn load_score(&self, l: &Load, since_scrape: i64) -> f64 {
+        let w = &self.weights;
+        w.waiting * l.capacity_waiting
+            + w.running * l.running
+            + w.in_flight * since_scrape as f64
+            + w.kv * l.kv_usage
+    }
+
+    fn load_saturated(&self, l: &Load) -> bool {
+        l.capacity_waiting >= self.thresholds.queue || l.kv_usage >= self.thresholds.kv
+    }
+
+    /// The rank of `s` a request should go to, and its score: the lowest, ties to the
+    /// lower rank. `None` when ranks are not scored for `s` (see [`RankSnapshot`]).
+    pub fn rank(&self, s: &Snapshot) -> Option<(usize, f64)> {
+        self.ranks(s)?
+            .iter()
+            .map(|r| self.load_score(&r.load, r.since_scrape))
+            .enumerate()
+            .fold(None, |best, (i, score)| match best {
+                Some((_, b)) if b <= score => best,
+                _ => Some((i, score)),
+            })
+    }
+
     /// The score of `s`; lower is better.
     pub fn score(&self, s: &Snapshot) -> f64 {
         let w = &self.weights;
+        let rejections = w.rejections * s.rejections_per_second;
+        if let Some((_, best)) = self.rank(s) {
+            return best + rejections;
+        }
         match self.fresh(s) {
-            Some(l) => {
-                w.waiting * l.capacity_waiting
-                    + w.running * l.running
-                    + w.in_flight * s.since_scrape as f64
-                    + w.kv * l.kv_usage
-                    + w.rejections * s.rejections_per_second
-            }
+            Some(l) => self.load_score(&l, s.since_scrape) + rejections,
             None => w.in_flight * s.in_flight as f64,
         }
     }
 
-    /// Whether `s` is saturated: fresh, and at or over the queue or the KV threshold. A
-    /// stale endpoint never is.
+    /// Whether `s` is saturated: fresh, and at or over the queue or the KV threshold
+    /// (every rank, where ranks are scored). A stale endpoint never is.
     pub fn saturated(&self, s: &Snapshot) -> bool {
-        self.fresh(s).is_some_and(|l| {
-            l.capacity_waiting >= self.thresholds.queue || l.kv_usage >= self.thresholds.kv
-        })
+        if let Some(ranks) = self.ranks(s) {
+            return ranks.iter().all(|r| self.load_saturated(&r.load));
+        }
+        self.fresh(s).is_some_and(|l| self.load_saturated(&l))
     }
 }
 
@@ -154,6 +210,7 @@ mod tests {
     fn fresh(load: Load) -> Snapshot {
         Snapshot {
             load: Some((load, Duration::from_millis(20))),
+            ranks: Vec::new(),
             in_flight: 0,
             since_scrape: 0,
             rejections_per_second: 0.0,
@@ -197,11 +254,11 @@ mod tests {
         let base = fresh(Load::default());
         let sent = Snapshot {
             since_scrape: 3,
-            ..base
+            ..base.clone()
         };
         let refusing = Snapshot {
             rejections_per_second: 0.5,
-            ..base
+            ..base.clone()
         };
         assert_eq!(s.score(&base), 0.0);
         assert_eq!(s.score(&sent), 3.0);
@@ -223,13 +280,17 @@ mod tests {
         };
         let old = Snapshot {
             load: Some((hot, Duration::from_secs(2))),
+            ranks: Vec::new(),
             in_flight: 2,
             since_scrape: 9,
             rejections_per_second: 3.0,
         };
         assert_eq!(s.score(&old), 2.0);
         assert!(!s.saturated(&old));
-        let never = Snapshot { load: None, ..old };
+        let never = Snapshot {
+            load: None,
+            ..old.clone()
+        };
         assert_eq!(s.score(&never), 2.0);
         assert!(s.saturated(&fresh(hot)));
     }
@@ -251,5 +312,67 @@ mod tests {
             ..Load::default()
         });
         assert!(s.saturated(&queue) && s.saturated(&kv) && !s.saturated(&fine));
+    }
+
+    fn ranked(ranks: &[(f64, f64, i64)]) -> Snapshot {
+        let rank = |&(running, waiting, since_scrape): &(f64, f64, i64)| RankSnapshot {
+            load: Load {
+                running,
+                capacity_waiting: waiting,
+                ..Load::default()
+            },
+            since_scrape,
+        };
+        let total = Load {
+            running: ranks.iter().map(|r| r.0).sum(),
+            capacity_waiting: ranks.iter().map(|r| r.1).sum(),
+            ..Load::default()
+        };
+        Snapshot {
+            ranks: ranks.iter().map(rank).collect(),
+            ..fresh(total)
+        }
+    }
+
+    #[test]
+    fn an_endpoint_with_ranks_is_scored_by_its_best_rank() {
+        let s = Scoring::default();
+        // Rank 0 full, rank 1 idle but for one request just sent.
+        let pod = ranked(&[(8.0, 6.0, 0), (0.0, 0.0, 1)]);
+        assert_eq!(s.rank(&pod), Some((1, 1.0)));
+        assert_eq!(s.score(&pod), 1.0);
+        assert!(!s.saturated(&pod), "rank 1 has room");
+        let single = fresh(Load {
+            running: 2.0,
+            ..Load::default()
+        });
+        assert!(s.score(&pod) < s.score(&single));
+        assert_eq!(s.rank(&single), None, "one rank: nothing to pick");
+        // Every rank over the queue threshold: saturated.
+        assert!(s.saturated(&ranked(&[(8.0, 6.0, 0), (8.0, 5.0, 0)])));
+        // Ties go to the lower rank.
+        assert_eq!(
+            s.rank(&ranked(&[(1.0, 0.0, 0), (1.0, 0.0, 0)])),
+            Some((0, 1.0))
+        );
+    }
+
+    #[test]
+    fn ranks_are_not_scored_when_stale_or_turned_off() {
+        let pod = ranked(&[(8.0, 6.0, 0), (0.0, 0.0, 0)]);
+        let off = Scoring {
+            pick_ranks: false,
+            ..Scoring::default()
+        };
+        assert_eq!(off.rank(&pod), None);
+        assert_eq!(off.score(&pod), 8.0 + 2.0 * 6.0, "the sums");
+        assert!(off.saturated(&pod), "6 waiting in all");
+        let stale = Snapshot {
+            load: pod.load.map(|(l, _)| (l, Duration::from_secs(5))),
+            in_flight: 3,
+            ..pod.clone()
+        };
+        assert_eq!(Scoring::default().rank(&stale), None);
+        assert_eq!(Scoring::default().score(&stale), 3.0);
     }
 }

@@ -94,11 +94,11 @@ async fn follow(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let mark = state.scrape_began();
+        state.scrape_began();
         let outcome = scraper.scrape_one(settings.dialect, &target).await;
         match &outcome.result {
             Ok(sample) => {
-                state.observe(Instant::now(), sample, mark);
+                state.observe(Instant::now(), sample);
                 metrics.scrapes.with_label_values(&["ok"]).inc();
                 pool.loads_changed();
             }

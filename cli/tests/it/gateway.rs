@@ -680,3 +680,136 @@ async fn a_saturated_pool_sheds_the_sheddable_and_holds_the_rest() {
     );
     assert_eq!(sample(&metrics, "ballast_gateway_queue_length", ""), 0.0);
 }
+
+/// `ballast bench` against `url` to its end; its JSON report.
+fn bench_to_end(dir: &Path, url: &str, args: &[&str]) -> Value {
+    let report = dir.join(format!("bench-{}.json", free_port()));
+    let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(["bench", "--url", url, "--no-progress", "--ignore-eos"])
+        .arg("--json")
+        .arg(&report)
+        .args(args)
+        .output()
+        .expect("run ballast bench");
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap()
+}
+
+/// The engine's mean DP token-imbalance ratio since `(sum, count)` was read, and the new
+/// reading.
+fn imbalance_since(base: &str, before: (f64, f64)) -> (f64, (f64, f64)) {
+    let now = (
+        engine_sum(base, "ballast_dp_token_imbalance_ratio_sum", ""),
+        engine_sum(base, "ballast_dp_token_imbalance_ratio_count", ""),
+    );
+    let steps = now.1 - before.1;
+    assert!(steps > 0.0, "no engine step observed");
+    ((now.0 - before.0) / steps, now)
+}
+
+/// Down to the rank: one engine with two DP ranks (round robin inside, as SGLang's
+/// default), rank 0 made hot by clients that ask for it. Through the gateway new requests
+/// go to rank 1 and the engine's imbalance falls; the same load with the rank left to the
+/// engine lands half on the hot rank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_to_the_rank_with_room() {
+    let _group = crate::common::group(module_path!());
+    let Some(envoy) = envoy() else { return };
+    let dir = common::local::temp_dir("gateway-ranks");
+    let engine = spawn_engine(
+        &[
+            "--model",
+            MODEL,
+            "--data-parallel-size",
+            "2",
+            "--dispatch-policy",
+            "round-robin",
+        ],
+        Log::Inherit,
+    );
+    let e = addr_of(&engine);
+    let _hot = load(
+        &engine.base,
+        &[
+            "--concurrency",
+            "6",
+            "--output-len",
+            "1000",
+            "--header",
+            "X-Data-Parallel-Rank:0",
+        ],
+    );
+    wait_for("rank 0 running the hot load", || {
+        engine_sum(&engine.base, "ballast_num_requests_running", "engine=\"0\"") >= 5.0
+    });
+    // As many through the gateway as rank 0 has less one: all fit on rank 1.
+    let through = [
+        "--concurrency",
+        "5",
+        "--num-requests",
+        "20",
+        "--output-len",
+        "600",
+        "--input-len",
+        "8",
+    ];
+    let mut phases = Vec::new();
+    let mut reading = imbalance_since(&engine.base, (0.0, 0.0)).1;
+    for pick_rank in ["true", "false"] {
+        let (_gateway, grpc, metrics) =
+            spawn_gateway(&["--endpoints", &e.to_string(), "--pick-dp-rank", pick_rank]);
+        let proxy = spawn_envoy(&envoy, &dir, grpc, false, &[e]);
+        std::thread::sleep(Duration::from_millis(400));
+        let tokens = |rank: &str| {
+            engine_sum(
+                &engine.base,
+                "ballast_dp_tokens_total",
+                &format!("engine=\"{rank}\",kind=\"scheduled\""),
+            )
+        };
+        reading = imbalance_since(&engine.base, reading).1;
+        let report = bench_to_end(&dir, &proxy.url, &through);
+        assert_eq!(report["requests"]["failed"], 0, "{report}");
+        assert_eq!(report["requests"]["ok"], 20, "{report}");
+        let (mean, now) = imbalance_since(&engine.base, reading);
+        reading = now;
+        let sent = |rank: &str| {
+            sample(
+                &metrics,
+                "ballast_gateway_rank_picks_total",
+                &format!("endpoint=\"{e}\",rank=\"{rank}\""),
+            )
+        };
+        let (to_0, to_1) = (sent("0"), sent("1"));
+        eprintln!(
+            "pick-dp-rank {pick_rank}: sent to rank 0 {to_0}, rank 1 {to_1}; mean imbalance {mean:.3}; tokens {} / {}",
+            tokens("0"),
+            tokens("1")
+        );
+        phases.push((to_0, to_1, mean));
+    }
+    let (with, without) = (phases[0], phases[1]);
+    // (The bench's own `GET /v1/models` is routed too.)
+    assert!(
+        with.1 >= 0.9 * (with.0 + with.1),
+        "the gateway sent {} of {} requests to the idle rank",
+        with.1,
+        with.0 + with.1
+    );
+    assert_eq!(
+        (without.0, without.1),
+        (0.0, 0.0),
+        "no rank header when off"
+    );
+    // Measured here: 1.24 against 1.62.
+    assert!(
+        with.2 + 0.1 < without.2,
+        "imbalance with the rank picked {:.3}, without {:.3}",
+        with.2,
+        without.2
+    );
+}

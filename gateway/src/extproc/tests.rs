@@ -84,7 +84,10 @@ fn destination(r: &ProcessingResponse) -> String {
     let common = h.response.as_ref().unwrap();
     assert!(common.clear_route_cache);
     let set = &common.header_mutation.as_ref().unwrap().set_headers;
-    assert_eq!(set.len(), 1);
+    assert!(
+        set.len() == 1 || rank_header(r).is_some(),
+        "only the destination and the rank: {set:?}"
+    );
     let header = set[0].header.as_ref().unwrap();
     assert_eq!(header.key, DESTINATION);
     let value = String::from_utf8(header.raw_value.clone()).unwrap();
@@ -97,6 +100,22 @@ fn destination(r: &ProcessingResponse) -> String {
         Some(Kind::StringValue(value.clone()))
     );
     value
+}
+
+/// The `X-Data-Parallel-Rank` a headers response sets, if any.
+fn rank_header(r: &ProcessingResponse) -> Option<String> {
+    let Some(Out::RequestHeaders(h)) = &r.response else {
+        panic!("not a request headers response: {r:?}");
+    };
+    let set = &h.response.as_ref()?.header_mutation.as_ref()?.set_headers;
+    let found: Vec<String> = set
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .filter(|h| h.key == DP_RANK)
+        .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())
+        .collect();
+    assert!(found.len() <= 1, "one rank header at most: {found:?}");
+    found.into_iter().next()
 }
 
 /// The chunks of streamed body responses, each with its end-of-stream flag.
@@ -371,7 +390,7 @@ fn saturate(s: &Shared) {
             kv_usage: Some(0.5),
             ..Default::default()
         };
-        e.observe(now, &hot, 0);
+        e.observe(now, &hot);
     }
     assert!(s.pool.saturated(None, now));
 }
@@ -470,4 +489,75 @@ fn a_429_from_the_endpoint_counts_against_it() {
     x.on(h);
     let snap = s.pool.endpoints()[0].snapshot(Instant::now());
     assert!(snap.rejections_per_second > 0.5, "{snap:?}");
+}
+
+#[test]
+fn the_rank_with_room_is_picked_and_sent_as_a_header() {
+    use ballast_operator::signals::{RankLoad, ReplicaSample};
+    let s = shared(&[8001], &[]);
+    let e = &s.pool.endpoints()[0];
+    // Rank 0 busy, rank 1 idle: the first picks go to rank 1 until what the gateway sent
+    // there outweighs rank 0's load.
+    let busy = RankLoad {
+        running: 3.0,
+        ..RankLoad::default()
+    };
+    let sample = ReplicaSample {
+        running: Some(3.0),
+        waiting_capacity: Some(0.0),
+        ranks: vec![busy, RankLoad::default()],
+        ..ReplicaSample::default()
+    };
+    e.scrape_began();
+    e.observe(Instant::now(), &sample);
+    let mut ranks = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let mut x = Exchange::new(&s);
+        x.on(post());
+        let step = x.on(body(b"{}", true));
+        ranks.push(rank_header(&step.replies[0]).expect("a rank header"));
+        held.push(x);
+    }
+    assert_eq!(ranks, ["1", "1", "1", "0", "1"]);
+    let sent = |rank: &str| {
+        s.metrics
+            .rank_picks
+            .with_label_values(&["127.0.0.1:8001", rank])
+            .get()
+    };
+    assert_eq!((sent("0"), sent("1")), (1, 4));
+    // The next scrape shows what was sent: the counts since it start again.
+    e.scrape_began();
+    e.observe(Instant::now(), &sample);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    assert_eq!(
+        rank_header(&x.on(body(b"{}", true)).replies[0]).as_deref(),
+        Some("1")
+    );
+}
+
+#[test]
+fn one_rank_or_stale_data_sends_no_rank_header() {
+    use ballast_operator::signals::{RankLoad, ReplicaSample};
+    let s = shared(&[8001], &[]);
+    let e = &s.pool.endpoints()[0];
+    let one = ReplicaSample {
+        running: Some(1.0),
+        ranks: vec![RankLoad::default()],
+        ..ReplicaSample::default()
+    };
+    e.observe(Instant::now(), &one);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    assert_eq!(rank_header(&x.on(body(b"{}", true)).replies[0]), None);
+    let two = ReplicaSample {
+        ranks: vec![RankLoad::default(); 2],
+        ..one
+    };
+    e.observe(Instant::now() - Duration::from_secs(10), &two);
+    let mut x = Exchange::new(&s);
+    x.on(post());
+    assert_eq!(rank_header(&x.on(body(b"{}", true)).replies[0]), None);
 }
