@@ -198,20 +198,21 @@ impl EndpointState {
     /// A request sent here, to `rank` if one was picked.
     fn count_sent(&self, rank: Option<usize>) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let mut o = self.observed();
-        o.tally.now.sent += 1;
-        if let Some((_, t)) = rank.and_then(|r| o.ranks.get_mut(r)) {
-            t.now.sent += 1;
-        }
+        self.tally(rank, |c| c.sent += 1);
     }
 
     /// A request sent here (to `rank`) finished.
     fn count_done(&self, rank: Option<usize>) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.tally(rank, |c| c.done += 1);
+    }
+
+    /// Applies `f` to the endpoint's counts and to `rank`'s, if it still has that rank.
+    fn tally(&self, rank: Option<usize>, f: impl Fn(&mut Counts)) {
         let mut o = self.observed();
-        o.tally.now.done += 1;
+        f(&mut o.tally.now);
         if let Some((_, t)) = rank.and_then(|r| o.ranks.get_mut(r)) {
-            t.now.done += 1;
+            f(&mut t.now);
         }
     }
 
