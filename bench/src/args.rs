@@ -140,6 +140,16 @@ pub struct BenchArgs {
     )]
     pub shared_prefix_ratio: f64,
 
+    /// Distinct shared prefixes (system prompts), each --shared-prefix-len long; a
+    /// request that carries one carries one of them, drawn uniformly.
+    #[arg(
+        long,
+        env = "BALLAST_BENCH_SHARED_PREFIXES",
+        value_name = "K",
+        default_value_t = 1
+    )]
+    pub shared_prefixes: u64,
+
     /// Spread requests over this many tenants (`user` field and `x-tenant`
     /// header `tenant-<i>`); 0 sends no tenant.
     #[arg(
@@ -230,6 +240,7 @@ pub(crate) struct Config {
     pub output: LengthSpec,
     pub shared_prefix_len: u64,
     pub shared_prefix_ratio: f64,
+    pub shared_prefixes: u64,
     pub tenants: u64,
     pub stream: bool,
     pub ignore_eos: bool,
@@ -381,6 +392,13 @@ impl Config {
                 "must be between 0 and 1",
             ));
         }
+        if args.shared_prefixes == 0 {
+            return Err(BenchError::invalid(
+                "--shared-prefixes",
+                0,
+                "must be at least 1",
+            ));
+        }
         if !args.temperature.is_finite() || args.temperature < 0.0 {
             return Err(BenchError::invalid(
                 "--temperature",
@@ -416,6 +434,7 @@ impl Config {
             output: length("--output-len", &args.output_len)?,
             shared_prefix_len: args.shared_prefix_len,
             shared_prefix_ratio: args.shared_prefix_ratio,
+            shared_prefixes: args.shared_prefixes,
             tenants: args.tenants,
             stream: args.stream,
             ignore_eos: args.ignore_eos,

@@ -4,6 +4,11 @@ use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
+/// `--shared-prefixes` in a record written before the flag existed.
+fn one() -> u64 {
+    1
+}
+
 use crate::args::{Config, Endpoint, Load};
 use crate::client::{Outcome, RequestRecord};
 use crate::stats::Summary;
@@ -67,6 +72,9 @@ pub struct Report {
     pub shared_prefix_len: u64,
     /// `--shared-prefix-ratio`.
     pub shared_prefix_ratio: f64,
+    /// `--shared-prefixes`.
+    #[serde(default = "one")]
+    pub shared_prefixes: u64,
     /// `--tenants`.
     pub tenants: u64,
     /// `--seed`.
@@ -174,6 +182,7 @@ impl Report {
             output_len: config.output.to_string(),
             shared_prefix_len: config.shared_prefix_len,
             shared_prefix_ratio: config.shared_prefix_ratio,
+            shared_prefixes: config.shared_prefixes,
             tenants: config.tenants,
             seed: config.seed,
             duration_s,
@@ -218,10 +227,11 @@ impl Report {
         row(
             "Workload",
             format!(
-                "input {}, output {}, shared prefix {} (ratio {}), tenants {}, seed {}",
+                "input {}, output {}, shared prefix {} ×{} (ratio {}), tenants {}, seed {}",
                 self.input_len,
                 self.output_len,
                 self.shared_prefix_len,
+                self.shared_prefixes,
                 self.shared_prefix_ratio,
                 self.tenants,
                 self.seed

@@ -62,7 +62,8 @@ pub(crate) struct Workload {
     endpoint: Endpoint,
     input: LengthSpec,
     output: LengthSpec,
-    prefix: Vec<Unit>,
+    /// The shared prefixes (`--shared-prefixes` of them), each its own random stream.
+    prefixes: Vec<Vec<Unit>>,
     prefix_ratio: f64,
     tenants: u64,
     token_range: (u32, u32),
@@ -75,14 +76,18 @@ impl Workload {
             endpoint: config.endpoint,
             input: config.input,
             output: config.output,
-            prefix: Vec::new(),
+            prefixes: Vec::new(),
             prefix_ratio: config.shared_prefix_ratio,
             tenants: config.tenants,
             token_range: config.token_range,
         };
-        let mut rng = SplitMix64::derive_path(w.seed, &[stream::PREFIX, 0]);
-        w.prefix = (0..config.shared_prefix_len)
-            .map(|_| w.unit(&mut rng))
+        w.prefixes = (0..config.shared_prefixes)
+            .map(|k| {
+                let mut rng = SplitMix64::derive_path(w.seed, &[stream::PREFIX, k]);
+                (0..config.shared_prefix_len)
+                    .map(|_| w.unit(&mut rng))
+                    .collect()
+            })
             .collect();
         w
     }
@@ -103,13 +108,19 @@ impl Workload {
         let input_len = self.input.sample(&mut rng);
         let max_tokens = self.output.sample(&mut rng);
         // `next_f64() < 1.0` always holds, so ratio 1.0 means every request.
-        let shared = !self.prefix.is_empty() && rng.next_f64() < self.prefix_ratio;
+        let has_prefix = self.prefixes.first().is_some_and(|p| !p.is_empty());
+        let shared = has_prefix && rng.next_f64() < self.prefix_ratio;
         let tenant = (self.tenants > 0).then(|| format!("tenant-{}", rng.below(self.tenants)));
 
         let len = input_len as usize;
         let mut units: Vec<Unit> = Vec::with_capacity(len);
         if shared {
-            units.extend(self.prefix.iter().take(len));
+            // Drawn only when there is a choice, so one prefix keeps the workloads of old.
+            let k = match self.prefixes.len() {
+                1 => 0,
+                n => rng.below(n as u64) as usize,
+            };
+            units.extend(self.prefixes[k].iter().take(len));
         }
         while units.len() < len {
             units.push(self.unit(&mut rng));
@@ -237,6 +248,48 @@ mod tests {
     }
 
     #[test]
+    fn several_shared_prefixes_are_drawn_evenly_and_differ() {
+        let w = workload(&[
+            "--input-len",
+            "24",
+            "--shared-prefix-len",
+            "16",
+            "--shared-prefixes",
+            "8",
+        ]);
+        let one = workload(&["--input-len", "24", "--shared-prefix-len", "16"]);
+        assert_eq!(w.prefixes.len(), 8);
+        assert_eq!(
+            w.prefixes[0], one.prefixes[0],
+            "the first is the one prefix of old"
+        );
+        let mut seen = [0usize; 8];
+        for i in 0..4000 {
+            let r = w.request(i);
+            let k = w
+                .prefixes
+                .iter()
+                .position(|p| tokens(&r)[..16] == p[..])
+                .expect("every request carries one of the prefixes");
+            seen[k] += 1;
+        }
+        assert!(seen.iter().all(|&n| (400..600).contains(&n)), "{seen:?}");
+        // One prefix draws nothing: the requests are those of before the flag.
+        assert_eq!(
+            one.request(5),
+            workload(&[
+                "--input-len",
+                "24",
+                "--shared-prefix-len",
+                "16",
+                "--shared-prefixes",
+                "1"
+            ])
+            .request(5)
+        );
+    }
+
+    #[test]
     fn prefix_longer_than_input_is_truncated() {
         let w = workload(&["--input-len", "5", "--shared-prefix-len", "20"]);
         let long = workload(&["--input-len", "30", "--shared-prefix-len", "20"]);
@@ -255,7 +308,7 @@ mod tests {
             "--shared-prefix-ratio",
             "0.3",
         ]);
-        let prefix = w.prefix.clone();
+        let prefix = w.prefixes[0].clone();
         let n = 10_000;
         let with = (0..n)
             .filter(|&i| tokens(&w.request(i))[..8] == prefix[..])
@@ -271,7 +324,7 @@ mod tests {
             "--shared-prefix-ratio",
             "0",
         ]);
-        assert!((0..200).all(|i| tokens(&none.request(i))[..8] != none.prefix[..]));
+        assert!((0..200).all(|i| tokens(&none.request(i))[..8] != none.prefixes[0][..]));
     }
 
     #[test]

@@ -6,6 +6,10 @@ use std::net::SocketAddr;
 /// The checked-in bootstrap, with its `${...}` placeholders.
 pub const TEMPLATE: &str = include_str!("../../deploy/envoy/gateway.yaml");
 
+/// The anchor: Envoy round robin over the same pool, no gateway (its placeholders are a
+/// subset of [`TEMPLATE`]'s).
+pub const ROUND_ROBIN: &str = include_str!("../../deploy/envoy/round-robin.yaml");
+
 /// What the bootstrap's placeholders stand for.
 #[derive(Debug, Clone)]
 pub struct Bootstrap {
@@ -92,6 +96,9 @@ mod tests {
         assert!(yaml.contains("address: 10.0.0.2, port_value: 8000"));
         assert!(yaml.contains("failure_mode_allow: false"));
         assert!(yaml.contains("port_value: 9002"));
+        let rr = bootstrap().render(ROUND_ROBIN).unwrap();
+        assert!(rr.contains("address: 10.0.0.2, port_value: 8000"), "{rr}");
+        assert!(!rr.contains("ext_proc") && rr.contains("ROUND_ROBIN"));
     }
 
     #[test]

@@ -49,6 +49,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::metrics::GatewayMetrics;
 use crate::openai::{self, Refusal};
 use crate::pool::{InFlight, NoPick, Pool};
+use crate::prefix::{self, Blocking};
 
 /// The header (and `envoy.lb` metadata key) that names the picked endpoint, `ip:port`.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
@@ -85,6 +86,8 @@ pub struct ProcessorConfig {
     pub queue_max: usize,
     /// Longest a request is held; then it is sent on, saturated or not.
     pub queue_timeout: Duration,
+    /// How prompts are cut into blocks for prefix affinity.
+    pub blocking: Blocking,
 }
 
 /// What every stream shares.
@@ -251,6 +254,8 @@ pub struct Exchange<'a> {
     priority: i64,
     /// A held request's body and whether it had trailers, and when it was held.
     held: Option<(Option<Vec<u8>>, bool, Instant)>,
+    /// The block hashes of its prompt (empty: none read).
+    prompt: Vec<u64>,
 }
 
 impl<'a> Exchange<'a> {
@@ -264,6 +269,7 @@ impl<'a> Exchange<'a> {
             in_flight: None,
             priority: 0,
             held: None,
+            prompt: Vec::new(),
         }
     }
 
@@ -387,6 +393,8 @@ impl<'a> Exchange<'a> {
             {
                 return self.refuse(Refusal::unknown_model(model, &config.models), started);
             }
+            self.prompt =
+                prefix::block_hashes(routing.model.as_deref(), &routing.prompt, config.blocking);
         }
         if !self.shared.pool.saturated(self.subset(), started) {
             return self.pick(body, trailers, started, false);
@@ -439,11 +447,12 @@ impl<'a> Exchange<'a> {
         saturated: bool,
     ) -> Step {
         let config = &self.shared.config;
-        let picked = match self
-            .shared
-            .pool
-            .pick(self.subset.as_deref(), Instant::now(), saturated)
-        {
+        let picked = match self.shared.pool.pick(
+            self.subset.as_deref(),
+            Instant::now(),
+            saturated,
+            &self.prompt,
+        ) {
             Ok(p) => p,
             Err(NoPick::Empty) => {
                 let r = Refusal::no_endpoint(
@@ -475,6 +484,9 @@ impl<'a> Exchange<'a> {
                 .rank_picks
                 .with_label_values(&[picked.endpoint().name.as_str(), &rank.to_string()])
                 .inc();
+        }
+        if !self.prompt.is_empty() {
+            metrics.prefix_match.observe(picked.prefix);
         }
         metrics.in_flight.inc();
         self.in_flight = Some(picked);

@@ -9,6 +9,7 @@
 //! - [`extproc`]: the protocol, one stream per request;
 //! - [`pool`]: the endpoints, what the gateway knows of each, the pick;
 //! - [`score`]: the score and saturation, as pure functions;
+//! - [`prefix`]: prompt blocks and the blocks sent to each endpoint (prefix affinity);
 //! - [`scrape`]: the gateway's own scrapes of its endpoints;
 //! - [`pods`]: endpoints from the pods of a selector, as they change;
 //! - [`openai`]: what is read of a request body, and the gateway's OpenAI-shaped errors;
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod openai;
 pub mod pods;
 pub mod pool;
+pub mod prefix;
 pub mod score;
 pub mod scrape;
 
@@ -46,7 +48,8 @@ use ballast_operator::inspect::DialectArg;
 
 use crate::extproc::{Processor, ProcessorConfig, Shared};
 use crate::metrics::GatewayMetrics;
-use crate::pool::{Endpoint, Pool};
+use crate::pool::{DEFAULT_PREFIX_BLOCKS, Endpoint, Pool};
+use crate::prefix::Blocking;
 use crate::score::{Scoring, Thresholds, Weights};
 
 /// The gRPC health service that says the process is up.
@@ -142,6 +145,21 @@ pub struct GatewayArgs {
     /// Score weight of each recent 429 per second.
     #[arg(long, env = "BALLAST_GATEWAY_WEIGHT_REJECTIONS", default_value_t = Weights::default().rejections)]
     pub weight_rejections: f64,
+    /// Score taken off an endpoint per unit of prefix match (the fraction of the prompt's
+    /// blocks, from the first, sent there before): a whole match is worth this many
+    /// requests running. 0 turns prefix affinity off.
+    #[arg(long, env = "BALLAST_GATEWAY_WEIGHT_PREFIX", default_value_t = Weights::default().prefix)]
+    pub weight_prefix: f64,
+    /// Bytes of prompt per block hashed for prefix affinity (token-id prompts: 4 per id).
+    #[arg(long, env = "BALLAST_GATEWAY_PREFIX_BLOCK_BYTES", default_value_t = Blocking::default().block_bytes)]
+    pub prefix_block_bytes: usize,
+    /// Blocks hashed at most from a prompt's start.
+    #[arg(long, env = "BALLAST_GATEWAY_PREFIX_MAX_BLOCKS", default_value_t = Blocking::default().max_blocks)]
+    pub prefix_max_blocks: usize,
+    /// Prompt blocks remembered per endpoint, most recent first (about 24 bytes each);
+    /// 0 remembers none.
+    #[arg(long, env = "BALLAST_GATEWAY_PREFIX_CACHE_BLOCKS", default_value_t = DEFAULT_PREFIX_BLOCKS)]
+    pub prefix_cache_blocks: usize,
     /// Capacity-waiting requests at or over which an endpoint is saturated.
     #[arg(long, env = "BALLAST_GATEWAY_QUEUE_THRESHOLD", default_value_t = Thresholds::default().queue)]
     pub queue_threshold: f64,
@@ -186,6 +204,7 @@ impl GatewayArgs {
             ("--weight-in-flight", self.weight_in_flight),
             ("--weight-kv", self.weight_kv),
             ("--weight-rejections", self.weight_rejections),
+            ("--weight-prefix", self.weight_prefix),
             ("--queue-threshold", self.queue_threshold),
         ];
         for (flag, w) in weights {
@@ -214,6 +233,7 @@ impl GatewayArgs {
                 in_flight: self.weight_in_flight,
                 kv: self.weight_kv,
                 rejections: self.weight_rejections,
+                prefix: self.weight_prefix,
             },
             thresholds: Thresholds {
                 queue: self.queue_threshold,
@@ -268,7 +288,12 @@ pub async fn run(
             "--max-body-bytes must be at least 1".into(),
         ));
     }
-    let pool = Arc::new(Pool::new(args.scoring()?));
+    if args.prefix_block_bytes == 0 {
+        return Err(GatewayError::Args(
+            "--prefix-block-bytes must be at least 1".into(),
+        ));
+    }
+    let pool = Arc::new(Pool::new(args.scoring()?, args.prefix_cache_blocks));
     let metrics = Arc::new(GatewayMetrics::new());
     let _scrapes = (args.scrape_interval_ms > 0).then(|| {
         let interval = Duration::from_millis(args.scrape_interval_ms);
@@ -376,6 +401,10 @@ pub async fn run(
             priority_header: args.priority_header.to_ascii_lowercase(),
             queue_max: args.queue_max,
             queue_timeout: Duration::from_millis(args.queue_timeout_ms),
+            blocking: Blocking {
+                block_bytes: args.prefix_block_bytes,
+                max_blocks: args.prefix_max_blocks,
+            },
         },
         metrics,
     )));
@@ -430,6 +459,8 @@ fn admin_router(admin: Admin) -> Router {
             "/metrics",
             get(|State(a): State<Admin>| async move {
                 a.metrics.endpoints.set(a.pool.len() as i64);
+                let blocks: usize = a.pool.endpoints().iter().map(|s| s.prefix_blocks()).sum();
+                a.metrics.prefix_blocks.set(blocks as i64);
                 a.metrics
                     .stale
                     .set(a.pool.stale(std::time::Instant::now()) as i64);

@@ -21,6 +21,11 @@ pub struct GatewayMetrics {
     /// `ballast_gateway_pick_duration_seconds{outcome}`: from the request body's last
     /// chunk to the gateway's answer.
     pub pick_duration: HistogramVec,
+    /// `ballast_gateway_prefix_match_ratio`: the prefix match where requests with a
+    /// prompt of at least one block went.
+    pub prefix_match: Histogram,
+    /// `ballast_gateway_prefix_blocks`: prompt blocks remembered, over all endpoints.
+    pub prefix_blocks: IntGauge,
     /// `ballast_gateway_endpoints`: endpoints in the pool.
     pub endpoints: IntGauge,
     /// `ballast_gateway_requests_in_flight`: requests picked whose response has not ended.
@@ -95,6 +100,19 @@ impl GatewayMetrics {
             &["outcome"],
         )
         .expect("valid");
+        let prefix_match = Histogram::with_opts(
+            HistogramOpts::new(
+                "ballast_gateway_prefix_match_ratio",
+                "Fraction of a request's prompt blocks, from the first, that the gateway had sent before to where it sent the request (requests with at least one whole block).",
+            )
+            .buckets(vec![0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]),
+        )
+        .expect("valid");
+        let prefix_blocks = IntGauge::new(
+            "ballast_gateway_prefix_blocks",
+            "Prompt blocks the gateway remembers having sent, over all endpoints (about 24 bytes each).",
+        )
+        .expect("valid");
         let endpoints =
             IntGauge::new("ballast_gateway_endpoints", "Endpoints in the pool.").expect("valid");
         let in_flight = IntGauge::new(
@@ -136,6 +154,8 @@ impl GatewayMetrics {
             Box::new(refusals.clone()),
             Box::new(streams.clone()),
             Box::new(pick_duration.clone()),
+            Box::new(prefix_match.clone()),
+            Box::new(prefix_blocks.clone()),
             Box::new(endpoints.clone()),
             Box::new(in_flight.clone()),
             Box::new(queue_length.clone()),
@@ -152,6 +172,8 @@ impl GatewayMetrics {
             refusals,
             streams,
             pick_duration,
+            prefix_match,
+            prefix_blocks,
             endpoints,
             in_flight,
             queue_length,

@@ -1,9 +1,10 @@
 //! What the gateway reads of an OpenAI request, and the OpenAI-shaped errors it answers
 //! with when it routes nothing.
 //!
-//! The body is read once, whole, after its last chunk: the gateway needs only `model`
-//! (completions and chat alike), but the whole body must be valid JSON, or an engine
-//! would refuse it anyway after a trip across the network.
+//! The body is read once, whole, after its last chunk: the gateway needs `model` and the
+//! prompt (completions and chat alike; the prompt for [prefix affinity](crate::prefix)),
+//! but the whole body must be valid JSON, or an engine would refuse it anyway after a trip
+//! across the network.
 
 use serde::Deserialize;
 
@@ -12,6 +13,11 @@ use serde::Deserialize;
 pub struct Routing {
     /// The `model` field; `None` when the body has none (an engine then serves its own).
     pub model: Option<String>,
+    /// The bytes of what the engine will tokenize first, in order: the prompt's text (the
+    /// first of a batch), a token-id prompt's ids as 4 little-endian bytes each, or each
+    /// chat message's role and text, each ended by a separator byte. Empty when the body
+    /// has no prompt the gateway can read; the request is then routed on load alone.
+    pub prompt: Vec<u8>,
 }
 
 /// The fields of the body the gateway reads; every other field is skipped, but the
@@ -20,6 +26,59 @@ pub struct Routing {
 struct Head {
     #[serde(default)]
     model: Option<serde_json::Value>,
+    #[serde(default)]
+    prompt: Option<serde_json::Value>,
+    #[serde(default)]
+    messages: Option<serde_json::Value>,
+}
+
+/// Ends a chat message's role and each of its parts in [`Routing::prompt`]: a byte no
+/// UTF-8 text contains.
+const SEPARATOR: u8 = 0xff;
+
+/// The prompt bytes of a completions `prompt`: text, token ids, or a batch of either
+/// (its first).
+fn prompt_bytes(prompt: &serde_json::Value, out: &mut Vec<u8>) {
+    use serde_json::Value;
+    match prompt {
+        Value::String(s) => out.extend_from_slice(s.as_bytes()),
+        Value::Array(items) => match items.first() {
+            Some(Value::Number(_)) => {
+                for id in items.iter().map_while(Value::as_u64) {
+                    out.extend_from_slice(&(id as u32).to_le_bytes());
+                }
+            }
+            Some(first @ (Value::String(_) | Value::Array(_))) => prompt_bytes(first, out),
+            _ => {}
+        },
+        _ => {}
+    }
+}
+
+/// The prompt bytes of chat `messages`: each message's role, then its text (a string, or
+/// the `text` of its parts), each ended by [`SEPARATOR`].
+fn messages_bytes(messages: &serde_json::Value, out: &mut Vec<u8>) {
+    use serde_json::Value;
+    let Some(messages) = messages.as_array() else {
+        return;
+    };
+    for m in messages {
+        if let Some(role) = m.get("role").and_then(Value::as_str) {
+            out.extend_from_slice(role.as_bytes());
+        }
+        out.push(SEPARATOR);
+        match m.get("content") {
+            Some(Value::String(text)) => out.extend_from_slice(text.as_bytes()),
+            Some(Value::Array(parts)) => {
+                for text in parts.iter().filter_map(|p| p.get("text")?.as_str()) {
+                    out.extend_from_slice(text.as_bytes());
+                    out.push(SEPARATOR);
+                }
+            }
+            _ => {}
+        }
+        out.push(SEPARATOR);
+    }
 }
 
 /// Reads `body` as an OpenAI request.
@@ -53,7 +112,13 @@ pub fn read(body: &[u8]) -> Result<Routing, Refusal> {
             });
         }
     };
-    Ok(Routing { model })
+    let mut prompt = Vec::new();
+    if let Some(messages) = &head.messages {
+        messages_bytes(messages, &mut prompt);
+    } else if let Some(p) = &head.prompt {
+        prompt_bytes(p, &mut prompt);
+    }
+    Ok(Routing { model, prompt })
 }
 
 /// An answer the gateway gives itself instead of routing: its HTTP status, an
@@ -179,6 +244,35 @@ mod tests {
         assert_eq!(r.model.as_deref(), Some("chat"));
         assert_eq!(read(br#"{"prompt":"hi"}"#).unwrap().model, None);
         assert_eq!(read(br#"{"model":null}"#).unwrap().model, None);
+    }
+
+    #[test]
+    fn reads_the_prompt_of_completions_and_chat() {
+        let text = read(br#"{"model":"m","prompt":"You are kind."}"#).unwrap();
+        assert_eq!(text.prompt, b"You are kind.");
+        let batch = read(br#"{"prompt":["first","second"]}"#).unwrap();
+        assert_eq!(batch.prompt, b"first");
+        let ids = read(br#"{"prompt":[1,258]}"#).unwrap();
+        assert_eq!(ids.prompt, [1, 0, 0, 0, 2, 1, 0, 0]);
+        let id_batch = read(br#"{"prompt":[[7],[8]]}"#).unwrap();
+        assert_eq!(id_batch.prompt, [7, 0, 0, 0]);
+        let chat = read(
+            br#"{"messages":[{"role":"system","content":"Be brief."},
+                {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(chat.prompt, b"system\xffBe brief.\xffuser\xffHi\xff\xff");
+        // The same system message makes the same leading bytes whatever follows.
+        let other = read(br#"{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Yo"}]}"#).unwrap();
+        assert_eq!(chat.prompt[..17], other.prompt[..17]);
+        for body in [
+            &br#"{"prompt":7}"#[..],
+            br#"{"prompt":[]}"#,
+            br#"{"messages":"x"}"#,
+            b"{}",
+        ] {
+            assert!(read(body).unwrap().prompt.is_empty(), "{body:?}");
+        }
     }
 
     #[test]

@@ -21,12 +21,17 @@ use ballast_operator::scrape::aggregate::series_increase;
 use ballast_operator::signals::{CounterSeries, ReplicaSample};
 use tokio::sync::{Notify, watch};
 
+use crate::prefix::SentBlocks;
 use crate::score::{Load, RankSnapshot, Scoring, Snapshot};
 
 /// Scores closer than this are a tie, broken round robin: idle engines whose KV usage
 /// differs by a few cached blocks share the requests instead of the one with the fewest
 /// getting every request sent one after another.
 const TIE: f64 = 0.25;
+
+/// Prompt blocks remembered per endpoint by default (`--prefix-cache-blocks`): about a
+/// quarter of a million tokens, the prefix cache of a mid-sized GPU replica.
+pub const DEFAULT_PREFIX_BLOCKS: usize = 16_384;
 
 /// How long a 429 keeps counting: the recent-429 rate decays with this time constant.
 pub const REJECTION_MEMORY: Duration = Duration::from_secs(1);
@@ -140,15 +145,27 @@ pub struct EndpointState {
     pub endpoint: Endpoint,
     in_flight: AtomicU64,
     observed: Mutex<Observed>,
+    /// The prompt blocks the gateway sent here (to each rank).
+    blocks: Mutex<SentBlocks>,
 }
 
 impl EndpointState {
-    fn new(endpoint: Endpoint) -> EndpointState {
+    fn new(endpoint: Endpoint, prefix_blocks: usize) -> EndpointState {
         EndpointState {
             endpoint,
             in_flight: AtomicU64::new(0),
             observed: Mutex::default(),
+            blocks: Mutex::new(SentBlocks::new(prefix_blocks)),
         }
+    }
+
+    fn blocks(&self) -> std::sync::MutexGuard<'_, SentBlocks> {
+        self.blocks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Prompt blocks remembered here.
+    pub fn prefix_blocks(&self) -> usize {
+        self.blocks().len()
     }
 
     fn observed(&self) -> std::sync::MutexGuard<'_, Observed> {
@@ -245,11 +262,29 @@ impl EndpointState {
                 .map(|(load, t)| RankSnapshot {
                     load: *load,
                     since_scrape: t.since_scrape(),
+                    prefix: 0.0,
                 })
                 .collect(),
             in_flight: self.in_flight(),
             since_scrape: o.tally.since_scrape(),
             rejections_per_second: o.engine_429.rate(now).max(o.seen_429.rate(now)),
+            prefix: 0.0,
+        }
+    }
+
+    /// Fills in the prefix match of a request with prompt blocks `prompt` on `snap`: per
+    /// rank when `ranked`, else for the endpoint.
+    fn match_prefix(&self, snap: &mut Snapshot, prompt: &[u64], ranked: bool) {
+        if prompt.is_empty() {
+            return;
+        }
+        let blocks = self.blocks();
+        if ranked {
+            for (i, r) in snap.ranks.iter_mut().enumerate() {
+                r.prefix = blocks.matched(prompt, Some(i));
+            }
+        } else {
+            snap.prefix = blocks.matched(prompt, None);
         }
     }
 }
@@ -262,7 +297,10 @@ pub enum PickReason {
     /// The lowest score, where the endpoint's data was stale or missing: it was scored on
     /// the gateway's own in-flight count.
     InFlight,
-    /// As either, among the endpoints of the request's subset hint.
+    /// As either, where part of the request's prompt had been sent before (the prefix
+    /// match counted).
+    Prefix,
+    /// As any of these, among the endpoints of the request's subset hint.
     Subset,
     /// The pool was saturated: the request was sent on after waiting in the gateway's
     /// queue, or without waiting when the queue was full.
@@ -275,6 +313,7 @@ impl PickReason {
         match self {
             PickReason::Score => "score",
             PickReason::InFlight => "in_flight",
+            PickReason::Prefix => "prefix",
             PickReason::Subset => "subset",
             PickReason::Saturated => "saturated",
         }
@@ -299,6 +338,8 @@ pub struct InFlight {
     pub reason: PickReason,
     /// The DP rank it goes to, when the endpoint's ranks are scored.
     pub rank: Option<usize>,
+    /// The prompt's prefix match there (on the rank), 0..1.
+    pub prefix: f64,
 }
 
 impl InFlight {
@@ -327,23 +368,27 @@ pub struct Pool {
     /// Where the round-robin tie break starts next.
     next: AtomicUsize,
     scoring: Scoring,
+    /// Prompt blocks remembered per endpoint.
+    prefix_blocks: usize,
     changed: Arc<Notify>,
     members: watch::Sender<u64>,
 }
 
 impl Default for Pool {
     fn default() -> Self {
-        Pool::new(Scoring::default())
+        Pool::new(Scoring::default(), DEFAULT_PREFIX_BLOCKS)
     }
 }
 
 impl Pool {
-    /// An empty pool scoring with `scoring`.
-    pub fn new(scoring: Scoring) -> Pool {
+    /// An empty pool scoring with `scoring`, remembering about `prefix_blocks` prompt
+    /// blocks per endpoint (0: no prefix affinity).
+    pub fn new(scoring: Scoring, prefix_blocks: usize) -> Pool {
         Pool {
             endpoints: RwLock::default(),
             next: AtomicUsize::new(0),
             scoring,
+            prefix_blocks,
             changed: Arc::default(),
             members: watch::Sender::new(0),
         }
@@ -383,7 +428,7 @@ impl Pool {
                 .map(|e| match old.remove(&e.addr) {
                     Some(s) if s.endpoint == e => s,
                     // Same address, a new pod behind it: what was known was the old pod's.
-                    _ => Arc::new(EndpointState::new(e)),
+                    _ => Arc::new(EndpointState::new(e, self.prefix_blocks)),
                 })
                 .collect();
         }
@@ -435,14 +480,17 @@ impl Pool {
         any
     }
 
-    /// Picks the endpoint with the lowest score at `now`, among `subset` when the request
-    /// carries a hint, and counts the request in flight there. `saturated`: the pool was,
-    /// and the request waited or could not (the reason says so).
+    /// Picks the endpoint with the lowest score at `now` for a request whose prompt has
+    /// the block hashes `prompt` ([`crate::prefix::block_hashes`]; empty: load alone),
+    /// among `subset` when the request carries a hint, counts the request in flight there
+    /// and remembers its blocks there. `saturated`: the pool was, and the request waited
+    /// or could not (the reason says so).
     pub fn pick(
         &self,
         subset: Option<&[SocketAddr]>,
         now: Instant,
         saturated: bool,
+        prompt: &[u64],
     ) -> Result<InFlight, NoPick> {
         let endpoints = self.endpoints.read().unwrap_or_else(|e| e.into_inner());
         if endpoints.is_empty() {
@@ -455,7 +503,9 @@ impl Pool {
             if !allowed(subset, s) {
                 continue;
             }
-            let snap = s.snapshot(now);
+            let mut snap = s.snapshot(now);
+            let ranked = self.scoring.ranked(&snap);
+            s.match_prefix(&mut snap, prompt, ranked);
             let score = self.scoring.score(&snap);
             if best.as_ref().is_none_or(|(b, _, _)| score < *b - TIE) {
                 best = Some((score, s, snap));
@@ -464,18 +514,24 @@ impl Pool {
         let (_, best, snap) = best.ok_or(NoPick::NotInSubset)?;
         let fresh = self.scoring.fresh(&snap).is_some();
         let rank = self.scoring.rank(&snap).map(|(r, _)| r);
+        let prefix = rank.map_or(snap.prefix, |r| snap.ranks[r].prefix);
         best.count_sent(rank);
-        let reason = match (saturated, subset.is_some(), fresh) {
-            (true, _, _) => PickReason::Saturated,
-            (false, true, _) => PickReason::Subset,
-            (false, false, true) => PickReason::Score,
-            (false, false, false) => PickReason::InFlight,
+        if !prompt.is_empty() {
+            best.blocks().sent(prompt, rank);
+        }
+        let reason = match (saturated, subset.is_some(), prefix > 0.0, fresh) {
+            (true, ..) => PickReason::Saturated,
+            (false, true, ..) => PickReason::Subset,
+            (false, false, true, _) => PickReason::Prefix,
+            (false, false, false, true) => PickReason::Score,
+            (false, false, false, false) => PickReason::InFlight,
         };
         Ok(InFlight {
             state: Arc::clone(best),
             changed: Arc::clone(&self.changed),
             reason,
             rank,
+            prefix,
         })
     }
 }
@@ -502,7 +558,7 @@ mod tests {
     fn an_empty_pool_picks_nothing() {
         assert_eq!(
             Pool::default()
-                .pick(None, Instant::now(), false)
+                .pick(None, Instant::now(), false, &[])
                 .unwrap_err(),
             NoPick::Empty
         );
@@ -512,7 +568,7 @@ mod tests {
     fn picks_spread_over_the_pool_while_requests_are_in_flight() {
         let p = pool(&[1, 2, 3]);
         let held: Vec<InFlight> = (0..6)
-            .map(|_| p.pick(None, Instant::now(), false).unwrap())
+            .map(|_| p.pick(None, Instant::now(), false, &[]).unwrap())
             .collect();
         for s in p.endpoints() {
             assert_eq!(s.in_flight(), 2, "{:?}", s.endpoint);
@@ -524,14 +580,14 @@ mod tests {
     #[test]
     fn the_least_loaded_endpoint_wins() {
         let p = pool(&[1, 2]);
-        let _a = p.pick(None, Instant::now(), false).unwrap();
-        let _b = p.pick(None, Instant::now(), false).unwrap();
-        let c = p.pick(None, Instant::now(), false).unwrap();
+        let _a = p.pick(None, Instant::now(), false, &[]).unwrap();
+        let _b = p.pick(None, Instant::now(), false, &[]).unwrap();
+        let c = p.pick(None, Instant::now(), false, &[]).unwrap();
         // Two in flight where `c` went, one on the other: the next pick goes to the other,
         // whichever the round robin starts at.
         let busy = c.endpoint().addr;
         for _ in 0..4 {
-            let d = p.pick(None, Instant::now(), false).unwrap();
+            let d = p.pick(None, Instant::now(), false, &[]).unwrap();
             assert_ne!(d.endpoint().addr, busy);
         }
     }
@@ -540,16 +596,19 @@ mod tests {
     fn a_subset_hint_restricts_the_pick() {
         let p = pool(&[1, 2, 3]);
         for _ in 0..5 {
-            let f = p.pick(Some(&[addr(3)]), Instant::now(), false).unwrap();
+            let f = p
+                .pick(Some(&[addr(3)]), Instant::now(), false, &[])
+                .unwrap();
             assert_eq!((f.endpoint().addr, f.reason), (addr(3), PickReason::Subset));
             std::mem::forget(f);
         }
         assert_eq!(
-            p.pick(Some(&[addr(9)]), Instant::now(), false).unwrap_err(),
+            p.pick(Some(&[addr(9)]), Instant::now(), false, &[])
+                .unwrap_err(),
             NoPick::NotInSubset
         );
         assert_eq!(
-            p.pick(Some(&[]), Instant::now(), false).unwrap_err(),
+            p.pick(Some(&[]), Instant::now(), false, &[]).unwrap_err(),
             NoPick::NotInSubset
         );
     }
@@ -557,7 +616,9 @@ mod tests {
     #[test]
     fn endpoints_that_stay_keep_their_count() {
         let p = pool(&[1, 2]);
-        let held = p.pick(Some(&[addr(2)]), Instant::now(), false).unwrap();
+        let held = p
+            .pick(Some(&[addr(2)]), Instant::now(), false, &[])
+            .unwrap();
         p.set(vec![
             Endpoint::at(addr(2)),
             Endpoint::at(addr(3)),
@@ -573,7 +634,9 @@ mod tests {
         drop(held);
         assert_eq!(p.endpoints()[0].in_flight(), 0);
         // A request that finishes after its endpoint left touches nothing in the pool.
-        let gone = p.pick(Some(&[addr(3)]), Instant::now(), false).unwrap();
+        let gone = p
+            .pick(Some(&[addr(3)]), Instant::now(), false, &[])
+            .unwrap();
         p.set(vec![]);
         drop(gone);
         assert!(p.is_empty());
@@ -604,17 +667,20 @@ mod tests {
         state(&p, 2).observe(now, &sample(0.0, 30.0, 1.0, 0.1));
         state(&p, 3).observe(now, &sample(0.0, 0.0, 2.0, 0.1));
         // 2 is the least loaded: its deferred requests are not load.
-        let f = p.pick(None, now, false).unwrap();
+        let f = p.pick(None, now, false, &[]).unwrap();
         assert_eq!((f.endpoint().addr, f.reason), (addr(2), PickReason::Score));
         // Two more sent there since its scrape: 3 (score 2.4) now beats 2 (1.4 + 2).
-        let _g = p.pick(None, now, false).unwrap();
-        let h = p.pick(None, now, false).unwrap();
+        let _g = p.pick(None, now, false, &[]).unwrap();
+        let h = p.pick(None, now, false, &[]).unwrap();
         assert_eq!(h.endpoint().addr, addr(3));
         // A new scrape of 2 starts: what was sent counts as the engine's own numbers again.
         let s2 = state(&p, 2);
         s2.scrape_began();
         s2.observe(now, &sample(0.0, 30.0, 1.0, 0.1));
-        assert_eq!(p.pick(None, now, false).unwrap().endpoint().addr, addr(2));
+        assert_eq!(
+            p.pick(None, now, false, &[]).unwrap().endpoint().addr,
+            addr(2)
+        );
     }
 
     #[test]
@@ -628,13 +694,16 @@ mod tests {
         }
         // Sent after the scrape: it counts on 1 until it finishes, then no more (and
         // never below zero), so 1 (2) stays below 2 (2.5).
-        let one = p.pick(Some(&[addr(1)]), now, false).unwrap();
+        let one = p.pick(Some(&[addr(1)]), now, false, &[]).unwrap();
         assert_eq!(state(&p, 1).snapshot(now).since_scrape, 1);
-        assert_eq!(p.pick(None, now, false).unwrap().endpoint().addr, addr(2));
+        assert_eq!(
+            p.pick(None, now, false, &[]).unwrap().endpoint().addr,
+            addr(2)
+        );
         drop(one);
         assert_eq!(state(&p, 1).snapshot(now).since_scrape, 0);
         for _ in 0..3 {
-            let f = p.pick(None, now, false).unwrap();
+            let f = p.pick(None, now, false, &[]).unwrap();
             assert_eq!(f.endpoint().addr, addr(1));
             drop(f);
         }
@@ -651,8 +720,8 @@ mod tests {
         let later = t0 + Duration::from_secs(5);
         assert_eq!(p.stale(later), 2);
         // Both stale: the in-flight count alone decides, so they alternate.
-        let a = p.pick(None, later, false).unwrap();
-        let b = p.pick(None, later, false).unwrap();
+        let a = p.pick(None, later, false, &[]).unwrap();
+        let b = p.pick(None, later, false, &[]).unwrap();
         assert_ne!(a.endpoint().addr, b.endpoint().addr);
         assert_eq!(a.reason, PickReason::InFlight);
     }
@@ -672,7 +741,7 @@ mod tests {
             !p.saturated(None, now + Duration::from_secs(1)),
             "stale data is not saturation"
         );
-        let f = p.pick(None, now, true).unwrap();
+        let f = p.pick(None, now, true, &[]).unwrap();
         assert_eq!(f.reason, PickReason::Saturated);
     }
 
@@ -685,7 +754,7 @@ mod tests {
         }
         state(&p, 1).observe_429(t0);
         for _ in 0..4 {
-            let f = p.pick(None, t0, false).unwrap();
+            let f = p.pick(None, t0, false, &[]).unwrap();
             assert_eq!(f.endpoint().addr, addr(2));
         }
         // The engine's own counter counts too, per series, between two scrapes.
@@ -703,9 +772,77 @@ mod tests {
     }
 
     #[test]
+    fn requests_that_share_a_prefix_follow_it_until_its_endpoint_is_busy() {
+        let p = pool(&[1, 2, 3]);
+        let now = Instant::now();
+        for s in p.endpoints() {
+            s.observe(now, &sample(0.0, 0.0, 1.0, 0.0));
+        }
+        let blocking = crate::prefix::Blocking::default();
+        let system = "You answer questions about the tax code. ".repeat(20);
+        let prompt = |user: &str| {
+            crate::prefix::block_hashes(Some("m"), format!("{system}{user}").as_bytes(), blocking)
+        };
+        let first = p.pick(None, now, false, &prompt("Who pays?")).unwrap();
+        assert_eq!((first.reason, first.prefix), (PickReason::Score, 0.0));
+        let home = first.endpoint().addr;
+        assert_eq!(
+            state(&p, home.port()).prefix_blocks(),
+            prompt("Who pays?").len()
+        );
+        drop(first);
+        for user in ["When is it due?", "May I deduct my cat?", "What is a 1099?"] {
+            let f = p.pick(None, now, false, &prompt(user)).unwrap();
+            assert_eq!(
+                (f.endpoint().addr, f.reason),
+                (home, PickReason::Prefix),
+                "{user}"
+            );
+            assert!(f.prefix > 0.8, "{}", f.prefix);
+            drop(f);
+        }
+        // Another prefix is free to go elsewhere; and a busy home is left.
+        let other = crate::prefix::block_hashes(Some("m"), &[b'z'; 640], blocking);
+        assert_ne!(
+            p.pick(None, now, false, &other).unwrap().endpoint().addr,
+            home
+        );
+        state(&p, home.port()).observe(now, &sample(0.0, 0.0, 9.0, 0.0));
+        let f = p.pick(None, now, false, &prompt("And now?")).unwrap();
+        assert_ne!(f.endpoint().addr, home);
+    }
+
+    #[test]
+    fn a_prefix_follows_the_rank_it_went_to() {
+        let p = pool(&[1]);
+        let now = Instant::now();
+        let s = state(&p, 1);
+        let two_ranks = |running: [f64; 2]| ReplicaSample {
+            ranks: running
+                .iter()
+                .map(|&r| ballast_operator::signals::RankLoad {
+                    running: r,
+                    ..Default::default()
+                })
+                .collect(),
+            ..sample(0.0, 0.0, running.iter().sum(), 0.0)
+        };
+        s.observe(now, &two_ranks([1.0, 0.0]));
+        let prompt = crate::prefix::block_hashes(None, &[b'a'; 256], Default::default());
+        let f = p.pick(None, now, false, &prompt).unwrap();
+        assert_eq!(f.rank, Some(1));
+        drop(f);
+        // Rank 1 now a little busier than rank 0, but it holds the prefix.
+        s.scrape_began();
+        s.observe(now, &two_ranks([0.0, 2.0]));
+        let f = p.pick(None, now, false, &prompt).unwrap();
+        assert_eq!((f.rank, f.prefix), (Some(1), 1.0));
+    }
+
+    #[test]
     fn a_finished_request_wakes_those_waiting() {
         let p = Arc::new(pool(&[1]));
-        let f = p.pick(None, Instant::now(), false).unwrap();
+        let f = p.pick(None, Instant::now(), false, &[]).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -7,7 +7,16 @@
 //! ```text
 //! score = w_waiting · capacity-waiting + w_running · running
 //!       + w_in_flight · picks since that scrape + w_kv · KV usage + w_rejections · 429/s
+//!       − w_prefix · prefix match
 //! ```
+//!
+//! The prefix match (0..1) is the fraction of the request's prompt blocks, from the first,
+//! that the gateway sent to the endpoint before ([`crate::prefix`]): with the default
+//! weights a whole match is worth six requests running, so requests that share a prefix
+//! stay where it is cached until that endpoint is busier than the others by about that
+//! much (an engine batches a few more requests at little cost; recomputing a long prompt
+//! costs a whole prefill). A prefix popular enough to keep its endpoint that busy spills
+//! over, and then has two endpoints to choose between.
 //!
 //! Deferred-waiting requests (held back by a per-tenant cap while the engine has room) are
 //! **not** load: they say nothing about how soon a new request from another tenant runs.
@@ -22,7 +31,8 @@
 //! every rank is.
 //!
 //! An endpoint whose data is stale (or that was never read) is scored on the gateway's own
-//! in-flight count alone, `w_in_flight · in flight`: it is neither saturated nor dropped,
+//! in-flight count and the prefix match, `w_in_flight · in flight − w_prefix · prefix
+//! match`: it is neither saturated nor dropped,
 //! because a slow `/metrics` is not a slow engine.
 
 use std::time::Duration;
@@ -54,6 +64,10 @@ pub struct Weights {
     pub kv: f64,
     /// Per 429 per second (`--weight-rejections`, 10).
     pub rejections: f64,
+    /// Times the prefix match, 0..1, subtracted (`--weight-prefix`, 6: a request whose
+    /// whole prompt was sent to an endpoint goes there over one with up to six fewer
+    /// requests running).
+    pub prefix: f64,
 }
 
 impl Default for Weights {
@@ -64,6 +78,7 @@ impl Default for Weights {
             in_flight: 1.0,
             kv: 4.0,
             rejections: 10.0,
+            prefix: 6.0,
         }
     }
 }
@@ -117,8 +132,10 @@ pub struct RankSnapshot {
     /// The rank's gauges at the last scrape.
     pub load: Load,
     /// Requests the gateway sent to this rank since the last scrape began, less those of
-    /// its requests there that finished since (negative when more finished).
+    /// its requests there that finished since (never below 0).
     pub since_scrape: i64,
+    /// The request's prefix match on this rank, 0..1.
+    pub prefix: f64,
 }
 
 /// What the gateway knows of one endpoint at the moment of a pick.
@@ -132,12 +149,15 @@ pub struct Snapshot {
     /// Requests the gateway has in flight there.
     pub in_flight: u64,
     /// Requests the gateway sent there since the last scrape began, less those of its
-    /// requests there that finished since (negative when more finished): what the
-    /// scrape's numbers cannot show yet.
+    /// requests there that finished since (never below 0): what the scrape's numbers
+    /// cannot show yet.
     pub since_scrape: i64,
     /// Recent 429s per second: from the engine's counter, or seen by the gateway in
     /// responses, whichever is higher.
     pub rejections_per_second: f64,
+    /// The request's prefix match on the endpoint as a whole (when its ranks are not
+    /// scored), 0..1.
+    pub prefix: f64,
 }
 
 impl Scoring {
@@ -148,19 +168,27 @@ impl Scoring {
             .map(|(l, _)| l)
     }
 
+    /// Whether the ranks of `s` are scored and picked: fresh data, at least two ranks,
+    /// ranks picked. Its prefix match is then per rank ([`RankSnapshot::prefix`]).
+    pub fn ranked(&self, s: &Snapshot) -> bool {
+        self.ranks(s).is_some()
+    }
+
     /// The ranks of `s` that are scored: fresh data, at least two ranks, ranks picked.
     fn ranks<'s>(&self, s: &'s Snapshot) -> Option<&'s [RankSnapshot]> {
         (self.pick_ranks && s.ranks.len() >= 2 && self.fresh(s).is_some())
             .then_some(s.ranks.as_slice())
     }
 
-    /// The score of one load with `since_scrape` requests sent that it cannot show.
-    fn load_score(&self, l: &Load, since_scrape: i64) -> f64 {
+    /// The score of one load with `since_scrape` requests sent that it cannot show and a
+    /// prefix match of `prefix`.
+    fn load_score(&self, l: &Load, since_scrape: i64, prefix: f64) -> f64 {
         let w = &self.weights;
         w.waiting * l.capacity_waiting
             + w.running * l.running
             + w.in_flight * since_scrape as f64
             + w.kv * l.kv_usage
+            - w.prefix * prefix
     }
 
     fn load_saturated(&self, l: &Load) -> bool {
@@ -172,7 +200,7 @@ impl Scoring {
     pub fn rank(&self, s: &Snapshot) -> Option<(usize, f64)> {
         self.ranks(s)?
             .iter()
-            .map(|r| self.load_score(&r.load, r.since_scrape))
+            .map(|r| self.load_score(&r.load, r.since_scrape, r.prefix))
             .enumerate()
             .fold(None, |best, (i, score)| match best {
                 Some((_, b)) if b <= score => best,
@@ -188,8 +216,8 @@ impl Scoring {
             return best + rejections;
         }
         match self.fresh(s) {
-            Some(l) => self.load_score(&l, s.since_scrape) + rejections,
-            None => w.in_flight * s.in_flight as f64,
+            Some(l) => self.load_score(&l, s.since_scrape, s.prefix) + rejections,
+            None => w.in_flight * s.in_flight as f64 - w.prefix * s.prefix,
         }
     }
 
@@ -214,6 +242,7 @@ mod tests {
             in_flight: 0,
             since_scrape: 0,
             rejections_per_second: 0.0,
+            prefix: 0.0,
         }
     }
 
@@ -284,6 +313,7 @@ mod tests {
             in_flight: 2,
             since_scrape: 9,
             rejections_per_second: 3.0,
+            prefix: 0.0,
         };
         assert_eq!(s.score(&old), 2.0);
         assert!(!s.saturated(&old));
@@ -322,6 +352,7 @@ mod tests {
                 ..Load::default()
             },
             since_scrape,
+            prefix: 0.0,
         };
         let total = Load {
             running: ranks.iter().map(|r| r.0).sum(),
@@ -355,6 +386,32 @@ mod tests {
             s.rank(&ranked(&[(1.0, 0.0, 0), (1.0, 0.0, 0)])),
             Some((0, 1.0))
         );
+    }
+
+    #[test]
+    fn a_prefix_match_outweighs_a_little_load_not_a_lot() {
+        let s = Scoring::default();
+        let load = |running: f64, prefix: f64| Snapshot {
+            prefix,
+            ..fresh(Load {
+                running,
+                ..Load::default()
+            })
+        };
+        assert!(s.score(&load(5.0, 0.9)) < s.score(&load(1.0, 0.0)));
+        assert!(s.score(&load(8.0, 0.9)) > s.score(&load(1.0, 0.0)));
+        // Stale: on in-flight and the match.
+        let stale = Snapshot {
+            load: None,
+            in_flight: 2,
+            ..load(0.0, 0.5)
+        };
+        assert_eq!(s.score(&stale), 2.0 - 3.0);
+        // Per rank, the rank's own match.
+        let mut pod = ranked(&[(2.0, 0.0, 0), (1.0, 0.0, 0)]);
+        pod.ranks[0].prefix = 1.0;
+        assert_eq!(s.rank(&pod), Some((0, -4.0)));
+        assert!(s.ranked(&pod));
     }
 
     #[test]

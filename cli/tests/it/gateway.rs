@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ballast_gateway::envoy::{Bootstrap, TEMPLATE};
+use ballast_gateway::envoy::{Bootstrap, ROUND_ROBIN, TEMPLATE};
 use common::engine::{EngineProcess, Log, client, spawn_engine};
 use serde_json::{Value, json};
 
@@ -158,6 +158,18 @@ fn spawn_envoy(
     fail_open: bool,
     engines: &[SocketAddr],
 ) -> Envoy {
+    spawn_envoy_from(TEMPLATE, binary, dir, gateway, fail_open, engines)
+}
+
+/// Envoy started from the bootstrap `template`.
+fn spawn_envoy_from(
+    template: &str,
+    binary: &Path,
+    dir: &Path,
+    gateway: SocketAddr,
+    fail_open: bool,
+    engines: &[SocketAddr],
+) -> Envoy {
     let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let admin_port = free_port();
     let yaml = Bootstrap {
@@ -167,7 +179,7 @@ fn spawn_envoy(
         fail_open,
         engines: engines.to_vec(),
     }
-    .render(TEMPLATE)
+    .render(template)
     .unwrap();
     let config = dir.join(format!("envoy-{}.yaml", listen.port()));
     std::fs::write(&config, yaml).unwrap();
@@ -811,5 +823,99 @@ async fn requests_go_to_the_rank_with_room() {
         "imbalance with the rank picked {:.3}, without {:.3}",
         with.2,
         without.2
+    );
+}
+
+/// Prefix affinity: 8 system prompts, 32 users, 4 replicas whose KV caches hold about two
+/// of the prompts each. Round robin sends every prompt everywhere and the caches thrash;
+/// through the gateway each prompt keeps to a replica, so the engines' own prefix-cache
+/// hit counters show at least twice the hits and time to first token is lower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_share_a_prefix_go_where_it_is_cached() {
+    let _group = crate::common::group(module_path!());
+    let Some(envoy) = envoy() else { return };
+    let dir = common::local::temp_dir("gateway-prefix");
+    // A model whose prefill costs enough for a cache hit to show in TTFT; 40 blocks of 16
+    // tokens: two 240-token prompts and a request's own blocks.
+    let engine_args = [
+        "--model",
+        "synthetic:small",
+        "--num-kv-blocks",
+        "40",
+        "--max-model-len",
+        "320",
+    ];
+    let workload = [
+        "--stream",
+        "--input-len",
+        "256",
+        "--shared-prefix-len",
+        "240",
+        "--shared-prefixes",
+        "8",
+        "--tenants",
+        "32",
+        "--output-len",
+        "4",
+        "--concurrency",
+        "4",
+        "--num-requests",
+        "64",
+    ];
+    let mut phases = Vec::new();
+    for through_gateway in [false, true] {
+        // Fresh engines each time: nothing cached from the other phase.
+        let engines: Vec<EngineProcess> = (0..4)
+            .map(|_| spawn_engine(&engine_args, Log::Inherit))
+            .collect();
+        let addrs: Vec<SocketAddr> = engines.iter().map(addr_of).collect();
+        let list = addrs
+            .iter()
+            .map(SocketAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let (_gateway, grpc, metrics) = spawn_gateway(&["--endpoints", &list]);
+        let template = if through_gateway {
+            TEMPLATE
+        } else {
+            ROUND_ROBIN
+        };
+        let proxy = spawn_envoy_from(template, &envoy, &dir, grpc, false, &addrs);
+        let report = bench_to_end(&dir, &proxy.url, &workload);
+        assert_eq!(report["requests"]["failed"], 0, "{report}");
+        assert_eq!(report["requests"]["ok"], 64, "{report}");
+        let hits: f64 = engines
+            .iter()
+            .map(|e| engine_sum(&e.base, "ballast_prefix_cache_hits_total", ""))
+            .sum();
+        let ttft = report["ttft_s"]["p50"].as_f64().unwrap();
+        let prefix_picks: f64 = addrs.iter().map(|&a| picks(&metrics, a, "prefix")).sum();
+        eprintln!(
+            "{}: prefix-cache hits {hits} tokens, TTFT p50 {:.0} ms, {prefix_picks} picks for a prefix",
+            if through_gateway {
+                "gateway"
+            } else {
+                "round robin"
+            },
+            ttft * 1e3
+        );
+        phases.push((hits, ttft, prefix_picks));
+    }
+    let (rr, gw) = (phases[0], phases[1]);
+    assert_eq!(rr.2, 0.0, "round robin does not ask the gateway");
+    assert!(gw.2 >= 40.0, "{} of 64 picks followed a prefix", gw.2);
+    // Measured here (2 cores): 10,480–11,936 hit tokens against 3,616–3,856; TTFT p50
+    // 172–230 ms against 490–512 ms.
+    assert!(
+        gw.0 >= 2.0 * rr.0,
+        "prefix-cache hits: {} through the gateway, {} round robin",
+        gw.0,
+        rr.0
+    );
+    assert!(
+        gw.1 < rr.1,
+        "TTFT p50 {:.3} s through the gateway, {:.3} s round robin",
+        gw.1,
+        rr.1
     );
 }

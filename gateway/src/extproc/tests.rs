@@ -25,6 +25,7 @@ fn shared(ports: &[u16], models: &[&str]) -> Shared {
             priority_header: "x-ballast-priority".into(),
             queue_max: 2,
             queue_timeout: Duration::from_millis(50),
+            blocking: Blocking::default(),
         },
         Arc::new(GatewayMetrics::new()),
     )
