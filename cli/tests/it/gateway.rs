@@ -22,7 +22,7 @@ const MODEL: &str = "synthetic:tiny";
 
 /// The Envoy binary: `BALLAST_ENVOY`, else what scripts/envoy.sh installs (or has cached).
 /// `None` (the test then skips) only when neither works and Envoy is not required.
-fn envoy() -> Option<PathBuf> {
+pub(crate) fn envoy() -> Option<PathBuf> {
     static ENVOY: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
     ENVOY.get_or_init(find_envoy).clone()
 }
@@ -58,7 +58,7 @@ fn free_port() -> u16 {
 }
 
 /// A child process killed on drop, with its stderr collected.
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     log: Arc<Mutex<String>>,
 }
@@ -87,7 +87,7 @@ fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
 }
 
 /// `ballast gateway ARGS` on free ports: the process, its gRPC address and metrics URL.
-fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr, String) {
+pub(crate) fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
         .args(["gateway", "--port", "0", "--metrics-port", "0"])
         .args(args)
@@ -122,10 +122,10 @@ fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr, String) {
 }
 
 /// Envoy with the checked-in bootstrap in front of `engines`.
-struct Envoy {
+pub(crate) struct Envoy {
     _proc: Proc,
     /// `http://127.0.0.1:PORT`: the listener.
-    url: String,
+    pub(crate) url: String,
     /// The admin port's URL.
     admin: String,
 }
@@ -151,7 +151,7 @@ impl Envoy {
     }
 }
 
-fn spawn_envoy(
+pub(crate) fn spawn_envoy(
     binary: &Path,
     dir: &Path,
     gateway: SocketAddr,
@@ -213,7 +213,7 @@ fn spawn_envoy_from(
     }
 }
 
-fn addr_of(e: &EngineProcess) -> SocketAddr {
+pub(crate) fn addr_of(e: &EngineProcess) -> SocketAddr {
     e.base.strip_prefix("http://").unwrap().parse().unwrap()
 }
 
@@ -694,7 +694,7 @@ async fn a_saturated_pool_sheds_the_sheddable_and_holds_the_rest() {
 }
 
 /// `ballast bench` against `url` to its end; its JSON report.
-fn bench_to_end(dir: &Path, url: &str, args: &[&str]) -> Value {
+pub(crate) fn bench_to_end(dir: &Path, url: &str, args: &[&str]) -> Value {
     let report = dir.join(format!("bench-{}.json", free_port()));
     let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
         .args(["bench", "--url", url, "--no-progress", "--ignore-eos"])

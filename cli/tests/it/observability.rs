@@ -30,6 +30,8 @@ const BALLAST_DASHBOARDS: [&str; 3] = [
     "ballast-engine-detail.json",
     "ballast-dp-balance.json",
 ];
+/// The dashboard evaluated against a live `ballast gateway` behind Envoy.
+const GATEWAY_DASHBOARD: &str = "ballast-gateway.json";
 /// The dashboards evaluated against the vLLM and SGLang exposition fixtures.
 const FIXTURE_DASHBOARDS: [&str; 2] = ["vllm-fleet.json", "sglang-fleet.json"];
 /// What Grafana's built-in variables become when the test evaluates an expression: a
@@ -373,7 +375,11 @@ fn is_ds(ds: &Value) -> bool {
 fn dashboards_are_structurally_valid() {
     let _group = crate::common::group(module_path!());
     let files = dashboard_files();
-    for f in BALLAST_DASHBOARDS.iter().chain(&FIXTURE_DASHBOARDS) {
+    for f in BALLAST_DASHBOARDS
+        .iter()
+        .chain(&FIXTURE_DASHBOARDS)
+        .chain(&[GATEWAY_DASHBOARD])
+    {
         assert!(files.iter().any(|x| x == f), "no {f}");
     }
     let mut uids = BTreeSet::new();
@@ -821,6 +827,79 @@ scrape_configs:
     eprintln!(
         "{n} expressions of {} dashboards have data; {:.1} s in all",
         BALLAST_DASHBOARDS.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// `ballast gateway` behind a real Envoy in front of two engines (one with two DP ranks,
+/// so the gateway picks ranks), under load whose prompts share prefixes, plus one body
+/// that is not JSON (a refusal): every expression of the gateway dashboard has data in a
+/// real Prometheus scraping the gateway, and all but the hold-time quantiles (nothing is
+/// held: the pool is never saturated) have a finite value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_dashboard_has_data_from_a_live_gateway_in_prometheus() {
+    use crate::gateway::{addr_of, envoy, spawn_envoy, spawn_gateway};
+    use common::engine::{Log, spawn_engine};
+    let _group = crate::common::group(module_path!());
+    if !have("prometheus") {
+        return;
+    }
+    let Some(envoy) = envoy() else { return };
+    let started = Instant::now();
+    let dir = temp_dir("gateway-dashboard");
+    let engines = [
+        spawn_engine(&["--data-parallel-size", "2"], Log::Inherit),
+        spawn_engine(&[], Log::Inherit),
+    ];
+    let addrs: Vec<std::net::SocketAddr> = engines.iter().map(addr_of).collect();
+    let (_gateway, grpc, metrics) =
+        spawn_gateway(&["--endpoints", &format!("{},{}", addrs[0], addrs[1])]);
+    let proxy = spawn_envoy(&envoy, &dir, grpc, false, &addrs);
+    let target = metrics
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    let prom = Prometheus::start(&format!(
+        "global: {{scrape_interval: 1s, scrape_timeout: 1s}}\nscrape_configs:\n  - job_name: gateway\n    static_configs:\n      - targets: ['{target}']\n        labels: {{namespace: local, service: chat, pod: gateway-0}}\n"
+    ));
+    let bad = common::engine::client()
+        .post(format!("{}/v1/completions", proxy.url))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let load_secs = 20;
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args([
+            "bench",
+            "--url",
+            &proxy.url,
+            "--no-progress",
+            "--ignore-eos",
+        ])
+        .args(["--concurrency", "4", "--duration", &load_secs.to_string()])
+        .args(["--input-len", "48", "--output-len", "16"])
+        .args(["--shared-prefix-len", "32", "--shared-prefixes", "4"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let load_start = Instant::now();
+    let all = checks(&[GATEWAY_DASHBOARD]);
+    let deadline = load_start + Duration::from_secs(load_secs + 5);
+    std::thread::sleep(Duration::from_secs(4));
+    let n = evaluate(&prom, &all, false, deadline);
+    let moving: Vec<Check> = all
+        .into_iter()
+        .filter(|c| !c.what.contains("Hold time"))
+        .collect();
+    evaluate(&prom, &moving, true, deadline);
+    let _ = bench.kill();
+    let _ = bench.wait();
+    eprintln!(
+        "{n} expressions of the gateway dashboard have data ({} finite); {:.1} s in all",
+        moving.len(),
         started.elapsed().as_secs_f64()
     );
 }

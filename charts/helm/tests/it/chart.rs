@@ -83,7 +83,7 @@ fn diff(a: &Json, b: &Json, path: String, out: &mut Vec<String>) {
 fn defaults_render_the_operator_its_rbac_and_dashboards_only() {
     let r = render(&options());
     let dashboards = dashboard_config_maps();
-    assert_eq!(dashboards.len(), 5, "{dashboards:?}");
+    assert_eq!(dashboards.len(), 6, "{dashboards:?}");
     let mut want: Vec<(String, String)> = [
         ("ClusterRole", "ballast-ballast-system"),
         ("ClusterRoleBinding", "ballast-ballast-system"),
