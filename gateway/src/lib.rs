@@ -40,6 +40,7 @@ use axum::extract::State;
 use axum::routing::get;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::server::NamedService;
 use tonic_health::ServingStatus;
@@ -295,9 +296,18 @@ pub async fn run(
     }
     let pool = Arc::new(Pool::new(args.scoring()?, args.prefix_cache_blocks));
     let metrics = Arc::new(GatewayMetrics::new());
-    let _scrapes = (args.scrape_interval_ms > 0).then(|| {
+    let _scrapes = if args.scrape_interval_ms > 0 {
         let interval = Duration::from_millis(args.scrape_interval_ms);
-        AbortOnDrop(tokio::spawn(scrape::run(
+        // Scrapes run on their own thread: parsing a thousand expositions ten times a
+        // second must not queue in front of requests on the request path's threads. If
+        // that thread cannot keep up, data goes stale (and is scored as such); requests
+        // do not wait.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .thread_name("gateway-scrapes")
+            .enable_all()
+            .build()
+            .map_err(|e| GatewayError::Args(format!("cannot start the scrape thread: {e}")))?;
+        let task = runtime.spawn(scrape::run(
             Arc::clone(&pool),
             scrape::ScrapeSettings {
                 dialect: args.dialect.into(),
@@ -307,8 +317,11 @@ pub async fn run(
                 timeout: (interval * args.stale_intervals).max(Duration::from_millis(250)),
             },
             Arc::clone(&metrics),
-        )))
-    });
+        ));
+        Some(ScrapeThread::start(runtime, task))
+    } else {
+        None
+    };
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status(LIVENESS, ServingStatus::Serving)
@@ -426,11 +439,18 @@ pub async fn run(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    // Without TCP_NODELAY the second of two small replies (the headers answer, then the
+    // body) waits for the data plane's delayed ACK: tens of milliseconds at low rates.
+    let incoming = TcpListenerStream::new(grpc).map(|conn| {
+        conn.inspect(|c| {
+            let _ = c.set_nodelay(true);
+        })
+    });
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(health_service)
         .add_service(ExternalProcessorServer::new(processor))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx.clone()));
+        .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
     let drain = Duration::from_secs(args.drain_seconds);
     let result = tokio::select! {
         r = server => r.map_err(GatewayError::from),
@@ -483,6 +503,43 @@ impl Drop for Connections {
 }
 
 /// A background task stopped when its handle is dropped.
+/// The scrapes' runtime, driven by a thread of its own until dropped.
+struct ScrapeThread {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ScrapeThread {
+    fn start(runtime: tokio::runtime::Runtime, task: tokio::task::JoinHandle<()>) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("gateway-scrapes".into())
+            .spawn(move || {
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+                task.abort();
+                runtime.shutdown_background();
+            })
+            .expect("a thread can be spawned");
+        ScrapeThread {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ScrapeThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
