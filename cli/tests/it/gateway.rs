@@ -256,7 +256,9 @@ async fn post(url: &str, body: &Value) -> (u16, Value) {
     (status, json)
 }
 
-/// An SSE stream's `data:` payloads, in order, and the raw bytes.
+/// An SSE stream's `data:` payloads, in order, and how many bytes it had, with each
+/// `"cached_tokens":N` counted as `"cached_tokens":0` (how much of the prompt an engine had
+/// cached depends on where earlier requests went).
 async fn stream(url: &str, body: &Value) -> (Vec<String>, usize) {
     let r = client().post(url).json(body).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -273,7 +275,18 @@ async fn stream(url: &str, body: &Value) -> (Vec<String>, usize) {
         .filter_map(|e| e.strip_prefix("data: "))
         .map(String::from)
         .collect();
-    (events, bytes.len())
+    let key = "\"cached_tokens\":";
+    let digits: usize = text
+        .match_indices(key)
+        .map(|(at, _)| {
+            text[at + key.len()..]
+                .bytes()
+                .take_while(u8::is_ascii_digit)
+                .count()
+        })
+        .sum();
+    let cached = text.matches(key).count();
+    (events, bytes.len() - digits + cached)
 }
 
 /// The text and usage of a stream, from its events.
