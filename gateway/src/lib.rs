@@ -479,6 +479,7 @@ fn admin_router(admin: Admin) -> Router {
             "/metrics",
             get(|State(a): State<Admin>| async move {
                 a.metrics.endpoints.set(a.pool.len() as i64);
+                a.metrics.unreachable.set(a.pool.unreachable() as i64);
                 let blocks: usize = a.pool.endpoints().iter().map(|s| s.prefix_blocks()).sum();
                 a.metrics.prefix_blocks.set(blocks as i64);
                 a.metrics

@@ -39,6 +39,9 @@ pub struct GatewayMetrics {
     /// `ballast_gateway_endpoints_stale`: endpoints whose data is stale (scored on the
     /// gateway's in-flight count alone).
     pub stale: IntGauge,
+    /// `ballast_gateway_endpoints_unreachable`: endpoints whose last scrapes could not
+    /// connect (not picked while another is reachable).
+    pub unreachable: IntGauge,
 }
 
 impl std::fmt::Debug for GatewayMetrics {
@@ -148,6 +151,11 @@ impl GatewayMetrics {
             "Endpoints whose metrics are stale or never read: scored on the gateway's own in-flight count.",
         )
         .expect("valid");
+        let unreachable = IntGauge::new(
+            "ballast_gateway_endpoints_unreachable",
+            "Endpoints whose last scrapes could not connect: not picked while another endpoint is reachable.",
+        )
+        .expect("valid");
         for c in [
             Box::new(picks.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(rank_picks.clone()),
@@ -162,6 +170,7 @@ impl GatewayMetrics {
             Box::new(queue_wait.clone()),
             Box::new(scrapes.clone()),
             Box::new(stale.clone()),
+            Box::new(unreachable.clone()),
         ] {
             registry.register(c).expect("names are unique");
         }
@@ -180,6 +189,7 @@ impl GatewayMetrics {
             queue_wait,
             scrapes,
             stale,
+            unreachable,
         }
     }
 

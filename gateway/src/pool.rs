@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,11 @@ const TIE: f64 = 0.25;
 /// Prompt blocks remembered per endpoint by default (`--prefix-cache-blocks`): about a
 /// quarter of a million tokens, the prefix cache of a mid-sized GPU replica.
 pub const DEFAULT_PREFIX_BLOCKS: usize = 16_384;
+
+/// Consecutive scrapes that could not reach an endpoint (connection refused or dropped
+/// before a response) after which it is *unreachable*: not picked while another endpoint
+/// the request may go to is reachable.
+pub const UNREACHABLE_AFTER: u32 = 2;
 
 /// How long a 429 keeps counting: the recent-429 rate decays with this time constant.
 pub const REJECTION_MEMORY: Duration = Duration::from_secs(1);
@@ -147,6 +152,8 @@ pub struct EndpointState {
     observed: Mutex<Observed>,
     /// The prompt blocks the gateway sent here (to each rank).
     blocks: Mutex<SentBlocks>,
+    /// Scrapes in a row that could not reach the endpoint.
+    unreached: AtomicU32,
 }
 
 impl EndpointState {
@@ -156,7 +163,19 @@ impl EndpointState {
             in_flight: AtomicU64::new(0),
             observed: Mutex::default(),
             blocks: Mutex::new(SentBlocks::new(prefix_blocks)),
+            unreached: AtomicU32::new(0),
         }
+    }
+
+    /// A scrape could not reach the endpoint: refused, or dropped before a response.
+    pub fn unreached(&self) {
+        self.unreached.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the endpoint answered one of its last [`UNREACHABLE_AFTER`] scrapes (a
+    /// slow or failing `/metrics` that answers is reachable: it is only stale).
+    pub fn reachable(&self) -> bool {
+        self.unreached.load(Ordering::Relaxed) < UNREACHABLE_AFTER
     }
 
     fn blocks(&self) -> std::sync::MutexGuard<'_, SentBlocks> {
@@ -194,6 +213,7 @@ impl EndpointState {
             running: sample.running.unwrap_or(0.0),
             kv_usage: sample.kv_usage.unwrap_or(0.0),
         };
+        self.unreached.store(0, Ordering::Relaxed);
         let mut o = self.observed();
         o.load = Some((load, now));
         o.tally.seen = o.tally.mark;
@@ -305,6 +325,9 @@ pub enum PickReason {
     /// The pool was saturated: the request was sent on after waiting in the gateway's
     /// queue, or without waiting when the queue was full.
     Saturated,
+    /// Every endpoint the request may go to was unreachable; it went to the best of them
+    /// anyway (the data plane answers if it cannot connect either).
+    Unreachable,
 }
 
 impl PickReason {
@@ -316,6 +339,7 @@ impl PickReason {
             PickReason::Prefix => "prefix",
             PickReason::Subset => "subset",
             PickReason::Saturated => "saturated",
+            PickReason::Unreachable => "unreachable",
         }
     }
 }
@@ -457,6 +481,12 @@ impl Pool {
         self.len() == 0
     }
 
+    /// How many endpoints are unreachable.
+    pub fn unreachable(&self) -> usize {
+        let endpoints = self.endpoints.read().unwrap_or_else(|e| e.into_inner());
+        endpoints.iter().filter(|s| !s.reachable()).count()
+    }
+
     /// How many endpoints have no fresh data at `now`.
     pub fn stale(&self, now: Instant) -> usize {
         let endpoints = self.endpoints.read().unwrap_or_else(|e| e.into_inner());
@@ -466,12 +496,19 @@ impl Pool {
             .count()
     }
 
-    /// Whether every endpoint a request may go to (all, or those of `subset`) is
-    /// saturated at `now`. An empty choice is not saturated: it has nothing to wait for.
+    /// Whether every endpoint a request may go to (all, or those of `subset`; the
+    /// reachable ones, if any is) is saturated at `now`. An empty choice is not saturated:
+    /// it has nothing to wait for.
     pub fn saturated(&self, subset: Option<&[SocketAddr]>, now: Instant) -> bool {
         let endpoints = self.endpoints.read().unwrap_or_else(|e| e.into_inner());
+        let reachable = endpoints
+            .iter()
+            .any(|s| allowed(subset, s) && s.reachable());
         let mut any = false;
-        for s in endpoints.iter().filter(|s| allowed(subset, s)) {
+        for s in endpoints
+            .iter()
+            .filter(|s| allowed(subset, s) && (s.reachable() || !reachable))
+        {
             if !self.scoring.saturated(&s.snapshot(now)) {
                 return false;
             }
@@ -498,9 +535,13 @@ impl Pool {
         }
         let n = endpoints.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        // Unreachable endpoints only when every allowed one is.
+        let reachable = endpoints
+            .iter()
+            .any(|s| allowed(subset, s) && s.reachable());
         let mut best: Option<(f64, &Arc<EndpointState>, Snapshot)> = None;
         for s in (0..n).map(|i| &endpoints[(start + i) % n]) {
-            if !allowed(subset, s) {
+            if !allowed(subset, s) || (reachable && !s.reachable()) {
                 continue;
             }
             let mut snap = s.snapshot(now);
@@ -520,6 +561,7 @@ impl Pool {
             best.blocks().sent(prompt, rank);
         }
         let reason = match (saturated, subset.is_some(), prefix > 0.0, fresh) {
+            _ if !reachable => PickReason::Unreachable,
             (true, ..) => PickReason::Saturated,
             (false, true, ..) => PickReason::Subset,
             (false, false, true, _) => PickReason::Prefix,
@@ -837,6 +879,34 @@ mod tests {
         s.observe(now, &two_ranks([0.0, 2.0]));
         let f = p.pick(None, now, false, &prompt).unwrap();
         assert_eq!((f.rank, f.prefix), (Some(1), 1.0));
+    }
+
+    #[test]
+    fn unreachable_endpoints_get_nothing_while_another_is_reachable() {
+        let p = pool(&[1, 2]);
+        let now = Instant::now();
+        let gone = state(&p, 1);
+        gone.unreached();
+        assert!(gone.reachable(), "one failed scrape is not enough");
+        gone.unreached();
+        assert!(!gone.reachable());
+        assert_eq!(p.unreachable(), 1);
+        for _ in 0..4 {
+            let f = p.pick(None, now, false, &[]).unwrap();
+            assert_eq!(f.endpoint().addr, addr(2));
+        }
+        // Its subset has nothing else: it goes there, and says why.
+        let f = p.pick(Some(&[addr(1)]), now, false, &[]).unwrap();
+        assert_eq!(
+            (f.endpoint().addr, f.reason),
+            (addr(1), PickReason::Unreachable)
+        );
+        // The other saturated: the pool is, the unreachable one does not count.
+        state(&p, 2).observe(now, &sample(9.0, 0.0, 4.0, 0.2));
+        assert!(p.saturated(None, now));
+        // Back: one answered scrape.
+        gone.observe(now, &sample(0.0, 0.0, 0.0, 0.0));
+        assert!(gone.reachable() && !p.saturated(None, now));
     }
 
     #[test]

@@ -6,14 +6,16 @@
 //! One task per endpoint, started and stopped as the pool's endpoint set changes. A scrape
 //! that fails leaves the last load in place; its age makes it stale after a few intervals
 //! ([`Scoring::stale_after`](crate::score::Scoring)), and the endpoint is then scored on
-//! the gateway's in-flight count alone.
+//! the gateway's in-flight count alone. Scrapes that cannot reach the endpoint at all
+//! (refused, or dropped before a response) [`UNREACHABLE_AFTER`](crate::pool::UNREACHABLE_AFTER)
+//! times in a row make it unreachable: no requests while another endpoint is reachable.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ballast_operator::scrape::{ScrapeConfig, Scraper, Target};
+use ballast_operator::scrape::{ScrapeConfig, ScrapeError, Scraper, Target};
 use ballast_operator::signals::Dialect;
 
 use crate::metrics::GatewayMetrics;
@@ -103,6 +105,9 @@ async fn follow(
                 pool.loads_changed();
             }
             Err(e) => {
+                if matches!(e, ScrapeError::Connect(_)) {
+                    state.unreached();
+                }
                 metrics.scrapes.with_label_values(&[e.reason()]).inc();
                 tracing::debug!(endpoint = %state.endpoint.name, error = %e, "scrape failed");
             }

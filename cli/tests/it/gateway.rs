@@ -932,3 +932,90 @@ async fn requests_that_share_a_prefix_go_where_it_is_cached() {
         rr.1
     );
 }
+
+/// What dies takes only its own requests with it: an engine killed mid-stream ends that
+/// stream (no `[DONE]`), the gateway stops counting it and sends nothing more to the dead
+/// engine; an Envoy killed mid-stream leaves no request counted in the gateway, and a new
+/// Envoy is served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_engine_or_a_restarted_envoy_loses_only_its_own_requests() {
+    let _group = crate::common::group(module_path!());
+    let Some(envoy) = envoy() else { return };
+    let dir = common::local::temp_dir("gateway-vanish");
+    let doomed = spawn_engine(&["--model", "synthetic:small"], Log::Inherit);
+    let survivor = spawn_engine(&["--model", "synthetic:small"], Log::Inherit);
+    let (d, s) = (addr_of(&doomed), addr_of(&survivor));
+    let (_gateway, grpc, metrics) = spawn_gateway(&["--endpoints", &format!("{d},{s}")]);
+    let proxy = spawn_envoy(&envoy, &dir, grpc, false, &[d, s]);
+    let long = json!({"prompt": "Tell me", "max_tokens": 600, "ignore_eos": true, "stream": true});
+    let open_stream = |url: String, to: SocketAddr| {
+        let long = long.clone();
+        async move {
+            let mut r = client()
+                .post(format!("{url}/v1/completions"))
+                .header("x-gateway-destination-endpoint-subset", to.to_string())
+                .json(&long)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let first = r.chunk().await.unwrap().expect("a first chunk");
+            (r, first.to_vec())
+        }
+    };
+    let rest = |mut r: reqwest::Response, mut got: Vec<u8>| async move {
+        while let Ok(Some(c)) = r.chunk().await {
+            got.extend_from_slice(&c);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    };
+
+    // The engine dies mid-stream.
+    let (r, first) = open_stream(proxy.url.clone(), d).await;
+    assert_eq!(
+        sample(&metrics, "ballast_gateway_requests_in_flight", ""),
+        1.0
+    );
+    drop(doomed);
+    let text = rest(r, first).await;
+    assert!(
+        !text.contains("[DONE]"),
+        "the stream of a killed engine completed"
+    );
+    wait_for("the gateway to stop counting it", || {
+        sample(&metrics, "ballast_gateway_requests_in_flight", "") == 0.0
+    });
+    wait_for("the dead engine to be unreachable", || {
+        sample(&metrics, "ballast_gateway_endpoints_unreachable", "") == 1.0
+    });
+    let short = json!({"prompt": "Hi", "max_tokens": 2});
+    for _ in 0..8 {
+        let (status, v) = post(&format!("{}/v1/completions", proxy.url), &short).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    assert_eq!(
+        picks(&metrics, s, "score"),
+        8.0,
+        "a request went to the dead engine"
+    );
+
+    // Envoy dies mid-stream; a new one takes over.
+    let (r, _) = open_stream(proxy.url.clone(), s).await;
+    drop(proxy);
+    drop(r);
+    wait_for("the gateway to see Envoy's streams end", || {
+        sample(&metrics, "ballast_gateway_requests_in_flight", "") == 0.0
+    });
+    let proxy = spawn_envoy(&envoy, &dir, grpc, false, &[d, s]);
+    for _ in 0..4 {
+        let (status, v) = post(&format!("{}/v1/completions", proxy.url), &short).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    assert!(
+        sample(
+            &metrics,
+            "ballast_gateway_streams_total",
+            "outcome=\"error\""
+        ) >= 1.0
+    );
+}
