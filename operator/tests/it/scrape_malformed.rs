@@ -160,7 +160,12 @@ fn malformed_input_yields_no_sample() {
         assert!(e.samples.is_empty(), "{}: yielded {:?}", c.what, e.samples);
         assert_eq!(e.rejected_lines, c.rejected, "{}: rejected lines", c.what);
         assert_eq!(e.ambiguous_series, c.ambiguous, "{}: ambiguous", c.what);
-        for d in [Dialect::Ballast, Dialect::Vllm, Dialect::Sglang] {
+        for d in [
+            Dialect::Ballast,
+            Dialect::Vllm,
+            Dialect::Sglang,
+            Dialect::Llamacpp,
+        ] {
             assert!(!is_usable(&adapt(d, &e)), "{}: usable as {d:?}", c.what);
         }
     }
