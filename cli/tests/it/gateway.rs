@@ -18,7 +18,7 @@ use ballast_gateway::envoy::{Bootstrap, ROUND_ROBIN, TEMPLATE};
 use common::engine::{EngineProcess, Log, client, spawn_engine};
 use serde_json::{Value, json};
 
-const MODEL: &str = "synthetic:tiny";
+pub(crate) const MODEL: &str = "synthetic:tiny";
 
 /// The Envoy binary: `BALLAST_ENVOY`, else what scripts/envoy.sh installs (or has cached).
 /// `None` (the test then skips) only when neither works and Envoy is not required.
@@ -59,8 +59,8 @@ fn free_port() -> u16 {
 
 /// A child process killed on drop, with its stderr collected.
 pub(crate) struct Proc {
-    child: Child,
-    log: Arc<Mutex<String>>,
+    pub(crate) child: Child,
+    pub(crate) log: Arc<Mutex<String>>,
 }
 
 impl Drop for Proc {
@@ -70,7 +70,7 @@ impl Drop for Proc {
     }
 }
 
-fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+pub(crate) fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
     let log = Arc::new(Mutex::new(String::new()));
     if let Some(mut stderr) = child.stderr.take() {
         let sink = Arc::clone(&log);
@@ -218,7 +218,7 @@ pub(crate) fn addr_of(e: &EngineProcess) -> SocketAddr {
 }
 
 /// The `ballast_gateway_*` sample with exactly these labels (0 when absent).
-fn sample(metrics_url: &str, name: &str, labels: &str) -> f64 {
+pub(crate) fn sample(metrics_url: &str, name: &str, labels: &str) -> f64 {
     let text = common::get(metrics_url).expect("gateway metrics");
     let key = if labels.is_empty() {
         name.to_string()
@@ -539,7 +539,7 @@ fn engine_sum(base: &str, name: &str, with: &str) -> f64 {
 }
 
 /// Waits until `cond` holds (checked every 50 ms), at most 30 s.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");

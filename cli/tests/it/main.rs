@@ -12,6 +12,7 @@ mod engine_auth;
 mod engine_process;
 mod engine_shutdown;
 mod gateway;
+mod gateway_pods;
 mod gitops;
 mod help_docs;
 mod image;
