@@ -88,9 +88,18 @@ pub(crate) fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
 
 /// `ballast gateway ARGS` on free ports: the process, its gRPC address and metrics URL.
 pub(crate) fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr, String) {
+    spawn_gateway_with(args, &[])
+}
+
+/// [`spawn_gateway`] with extra environment variables.
+pub(crate) fn spawn_gateway_with(
+    args: &[&str],
+    envs: &[(&str, &Path)],
+) -> (Proc, SocketAddr, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
         .args(["gateway", "--port", "0", "--metrics-port", "0"])
         .args(args)
+        .envs(envs.iter().copied())
         .env("BALLAST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -3,10 +3,8 @@
 //! share the machine with the timing-sensitive Envoy tests of `gateway`.
 
 use crate::common;
-use crate::gateway::{MODEL, Proc, addr_of, collect_stderr, sample, wait_for};
+use crate::gateway::{MODEL, addr_of, sample, spawn_gateway_with, wait_for};
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::engine::{Log, spawn_engine};
@@ -74,29 +72,18 @@ fn the_pool_follows_the_ready_pods_of_a_selector_on_a_real_api_server() {
     status("empty", "127.0.0.3", ready);
     status("other", "127.0.0.1", ready);
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-        .args(["gateway", "--port", "0", "--metrics-port", "0"])
-        .args(["--selector", "app=engine", "--namespace", ns])
-        .args(["--target-port", &port.to_string()])
-        .env("KUBECONFIG", &cp.admin_kubeconfig)
-        .env("BALLAST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ballast gateway");
-    let log = collect_stderr(&mut child);
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    let metrics = format!(
-        "{}/metrics",
-        line.trim()
-            .strip_prefix("ballast gateway metrics on ")
-            .unwrap_or_else(|| panic!("{line:?}; log: {}", log.lock().unwrap()))
+    let target_port = port.to_string();
+    let (_gateway, _, metrics) = spawn_gateway_with(
+        &[
+            "--selector",
+            "app=engine",
+            "--namespace",
+            ns,
+            "--target-port",
+            &target_port,
+        ],
+        &[("KUBECONFIG", cp.admin_kubeconfig.as_path())],
     );
-    let _gateway = Proc { child, log };
     let gauge = |name: &str| sample(&metrics, name, "");
     let scraped_ok = || sample(&metrics, "ballast_gateway_scrapes_total", "outcome=\"ok\"");
     wait_for("the two ready pods of the selector", || {
