@@ -4,6 +4,8 @@
 //! Field names are the public API of `../shared/spec/control-plane.md` §1: add fields
 //! freely, rename none. Doc comments become `kubectl explain` text.
 
+pub mod inference_pool;
+
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -87,6 +89,67 @@ pub struct InferenceServiceSpec {
     /// Service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
+    /// The request path through a gateway (Kubernetes only): an `InferencePool`
+    /// (`inference.networking.k8s.io/v1`) of the engine pods and a `ballast gateway`
+    /// endpoint picker that Envoy-based gateways call for each request.
+    #[serde(default)]
+    pub gateway: GatewaySpec,
+}
+
+/// The gateway's endpoint picker and the InferencePool that names it (docs/gateway.md).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    /// On: the operator keeps an InferencePool named like the resource, selecting its
+    /// engine pods, and the picker's Deployment, Service and PodDisruptionBudget
+    /// (`NAME-epp`). Needs the Gateway API Inference Extension's InferencePool CRD; without
+    /// it the `Gateway` condition says so and the service runs without a gateway.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Picker replicas. Each keeps its own view of the pool; two or more keep requests
+    /// flowing through a picker's restart.
+    #[serde(default = "one")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1 && self <= 16").message(GATEWAY_REPLICAS))]
+    pub replicas: i32,
+    /// Resources of the picker container.
+    #[serde(default)]
+    pub resources: ResourceRequirements,
+    /// What the gateway does when it cannot reach the picker: `FailClose` (the Gateway
+    /// API Inference Extension's default) answers an error; `FailOpen` sends the request
+    /// to an endpoint of the gateway's own choosing.
+    #[serde(default)]
+    pub failure_mode: FailureMode,
+    /// Picker image; empty: the operator's `--engine-image` (the `ballast` binary).
+    #[serde(default)]
+    pub image: String,
+    /// Extra `ballast gateway` arguments (weights, hold limits), appended after the ones
+    /// this resource implies.
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+const GATEWAY_REPLICAS: &str = "gateway.replicas must be 1..16";
+
+/// `endpointPickerRef.failureMode` of an InferencePool.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum FailureMode {
+    // The gateway answers an error while the picker cannot be reached (GIE's default).
+    #[default]
+    FailClose,
+    // The gateway picks an endpoint itself while the picker cannot be reached.
+    FailOpen,
+}
+
+impl FailureMode {
+    /// The word the InferencePool API uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::FailClose => "FailClose",
+            FailureMode::FailOpen => "FailOpen",
+        }
+    }
 }
 
 /// API keys for the service's OpenAI API.
@@ -778,7 +841,8 @@ default_from_serde!(
     TargetsSpec,
     BehaviorSpec,
     RebalancingSpec,
-    MetricsSpec
+    MetricsSpec,
+    GatewaySpec
 );
 
 impl InferenceServiceSpec {
@@ -955,6 +1019,7 @@ impl InferenceServiceSpec {
             m.min_reporting_fraction > 0.0 && m.min_reporting_fraction <= 1.0,
             "minReportingFraction must be in (0, 1]",
         );
+        check((1..=16).contains(&self.gateway.replicas), GATEWAY_REPLICAS);
         if let Some(auth) = &self.auth {
             let r = &auth.api_key_secret_ref;
             check(is_dns_subdomain(&r.name), SECRET_NAME);

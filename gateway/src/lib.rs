@@ -11,7 +11,7 @@
 //! - [`score`]: the score and saturation, as pure functions;
 //! - [`prefix`]: prompt blocks and the blocks sent to each endpoint (prefix affinity);
 //! - [`scrape`]: the gateway's own scrapes of its endpoints;
-//! - [`pods`]: endpoints from the pods of a selector, as they change;
+//! - [`pods`]: endpoints from the pods of a selector or an InferencePool, as they change;
 //! - [`openai`]: what is read of a request body, and the gateway's OpenAI-shaped errors;
 //! - [`metrics`]: the gateway's own Prometheus metrics;
 //! - [`envoy`]: the checked-in Envoy bootstrap, filled in for fixed addresses.
@@ -49,6 +49,7 @@ use ballast_operator::inspect::DialectArg;
 
 use crate::extproc::{Processor, ProcessorConfig, Shared};
 use crate::metrics::GatewayMetrics;
+use crate::pods::AbortOnDrop;
 use crate::pool::{DEFAULT_PREFIX_BLOCKS, Endpoint, Pool};
 use crate::prefix::Blocking;
 use crate::score::{Scoring, Thresholds, Weights};
@@ -58,9 +59,10 @@ pub const LIVENESS: &str = "liveness";
 /// The gRPC health service that says the endpoint source has been read once.
 pub const READINESS: &str = "readiness";
 
-/// `ballast gateway` flags. Exactly one endpoint source: `--endpoints` or `--selector`.
+/// `ballast gateway` flags. Exactly one endpoint source: `--endpoints`, `--selector` or
+/// `--pool`.
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["endpoints", "selector"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["endpoints", "selector", "pool"])))]
 pub struct GatewayArgs {
     /// Address of the gRPC port (ext_proc and health); 0.0.0.0 in a pod.
     #[arg(long, env = "BALLAST_GATEWAY_HOST", default_value = "127.0.0.1")]
@@ -78,9 +80,14 @@ pub struct GatewayArgs {
     /// as they change.
     #[arg(long, env = "BALLAST_GATEWAY_SELECTOR")]
     pub selector: Option<String>,
-    /// The namespace of `--selector`'s pods; the client's default namespace (the pod's
-    /// own, in a cluster) when absent.
-    #[arg(long, env = "BALLAST_GATEWAY_NAMESPACE", requires = "selector")]
+    /// The pool from an InferencePool (`inference.networking.k8s.io/v1`) of this name: its
+    /// selector's ready pods on its target ports, both re-read as they change. What the
+    /// operator runs for an InferenceService with `spec.gateway.enabled`.
+    #[arg(long, env = "BALLAST_GATEWAY_POOL")]
+    pub pool: Option<String>,
+    /// The namespace of `--selector`'s pods or `--pool`'s InferencePool; the client's
+    /// default namespace (the pod's own, in a cluster) when absent.
+    #[arg(long, env = "BALLAST_GATEWAY_NAMESPACE")]
     pub namespace: Option<String>,
     /// The engines' HTTP port on each selected pod.
     #[arg(
@@ -260,8 +267,8 @@ pub enum GatewayError {
         /// Why.
         source: std::io::Error,
     },
-    /// No Kubernetes client for `--selector`.
-    #[error("no Kubernetes client for --selector (in-cluster config or KUBECONFIG): {0}")]
+    /// No Kubernetes client for `--selector` or `--pool`.
+    #[error("no Kubernetes client for --selector or --pool (in-cluster config or KUBECONFIG): {0}")]
     Kube(#[from] kube::Error),
     /// The gRPC server failed.
     #[error("the gRPC server failed: {0}")]
@@ -335,13 +342,13 @@ pub async fn run(
         .await;
 
     let (synced_tx, mut synced) = tokio::sync::watch::channel(false);
-    let _source = match &args.selector {
-        None => {
+    let _source = match (&args.selector, &args.pool) {
+        (None, None) => {
             pool.set(args.endpoints.iter().copied().map(Endpoint::at).collect());
             let _ = synced_tx.send(true);
             None
         }
-        Some(selector) => {
+        (Some(selector), _) => {
             let client = kube::Client::try_default().await?;
             let namespace = args
                 .namespace
@@ -352,7 +359,22 @@ pub async fn run(
                 client,
                 namespace,
                 selector.clone(),
-                args.target_port,
+                vec![args.target_port],
+                Arc::clone(&pool),
+                Arc::new(synced_tx),
+            ))))
+        }
+        (None, Some(name)) => {
+            let client = kube::Client::try_default().await?;
+            let namespace = args
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_string());
+            tracing::info!(%namespace, pool = %name, "endpoints from an InferencePool");
+            Some(AbortOnDrop(tokio::spawn(pods::follow_pool(
+                client,
+                namespace,
+                name.clone(),
                 Arc::clone(&pool),
                 synced_tx,
             ))))
@@ -538,13 +560,5 @@ impl Drop for ScrapeThread {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -1,6 +1,8 @@
-//! Endpoints from the pods of a label selector (`--selector` in `--namespace`), kept as the
-//! pods change: a watch of those pods (list, then watch, relisting after a lost watch)
-//! rebuilds the pool's endpoint set after every change.
+//! Endpoints from the pods of a label selector (`--selector` in `--namespace`), or of an
+//! InferencePool's selector and target ports (`--pool`), kept as the pods change: a watch
+//! of those pods (list, then watch, relisting after a lost watch) rebuilds the pool's
+//! endpoint set after every change, and a watch of the InferencePool starts that pod
+//! watch again when its selector or ports change.
 //!
 //! A pod is an endpoint when it is Ready, has an IP, is not being deleted, and, when it
 //! declares the operator's `ballast.dev/accepting` readiness gate, that condition is
@@ -15,6 +17,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
+
+use ballast_crds::inference_pool::InferencePool;
 
 use crate::pool::{Endpoint, Pool};
 
@@ -51,15 +55,31 @@ pub fn endpoint_of(pod: &Pod, port: u16) -> Option<Endpoint> {
     })
 }
 
-/// Keeps `pool` to the endpoints of the pods `selector` selects in `namespace`, until the
-/// task is dropped. `synced` turns true after the first complete list.
+/// The endpoints of `pods` on each of `ports` (one port: named like the pod; more:
+/// `pod:port`).
+pub fn endpoints_of<'a>(pods: impl IntoIterator<Item = &'a Pod>, ports: &[u16]) -> Vec<Endpoint> {
+    pods.into_iter()
+        .flat_map(|pod| {
+            ports.iter().filter_map(move |&port| {
+                let mut e = endpoint_of(pod, port)?;
+                if ports.len() > 1 {
+                    e.name = format!("{}:{port}", e.name);
+                }
+                Some(e)
+            })
+        })
+        .collect()
+}
+
+/// Keeps `pool` to the endpoints of the pods `selector` selects in `namespace`, on each of
+/// `ports`, until the task is dropped. `synced` turns true after the first complete list.
 pub async fn follow(
     client: Client,
     namespace: String,
     selector: String,
-    port: u16,
+    ports: Vec<u16>,
     pool: Arc<Pool>,
-    synced: watch::Sender<bool>,
+    synced: Arc<watch::Sender<bool>>,
 ) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
     let (store, writer) = reflector::store();
@@ -77,13 +97,98 @@ pub async fn follow(
                 continue;
             }
         }
-        let endpoints: Vec<Endpoint> = store
-            .state()
-            .iter()
-            .filter_map(|pod| endpoint_of(pod, port))
-            .collect();
+        let endpoints = endpoints_of(store.state().iter().map(|p| &**p), &ports);
         tracing::debug!(endpoints = endpoints.len(), "pool updated from pods");
         pool.set(endpoints);
+    }
+}
+
+/// What of an InferencePool decides its endpoints: the selector and the target ports.
+fn pool_source(p: &InferencePool) -> (String, Vec<u16>) {
+    let ports = p
+        .spec
+        .target_ports
+        .iter()
+        .filter_map(|p| u16::try_from(p.number).ok().filter(|n| *n > 0))
+        .collect();
+    (p.spec.selector.to_selector_string(), ports)
+}
+
+/// Keeps `pool` to the endpoints of the InferencePool `name` in `namespace` (`--pool`): a
+/// watch of that one InferencePool, and under it a pod watch ([`follow`]) of its selector
+/// on its target ports, started again when either changes. While the InferencePool does
+/// not exist (or selects nothing) the pool is empty. `synced` turns true once the pods of
+/// the first InferencePool seen were listed, or once the list says there is none.
+pub async fn follow_pool(
+    client: Client,
+    namespace: String,
+    name: String,
+    pool: Arc<Pool>,
+    synced: watch::Sender<bool>,
+) {
+    let synced = Arc::new(synced);
+    let api: Api<InferencePool> = Api::namespaced(client.clone(), &namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    let mut source: Option<(String, Vec<u16>)> = None;
+    let mut pods: Option<AbortOnDrop> = None;
+    let mut listed: Option<InferencePool> = None;
+    while let Some(event) = events.next().await {
+        let current = match event {
+            Ok(watcher::Event::Apply(p)) => Some(p),
+            Ok(watcher::Event::Delete(_)) => None,
+            Ok(watcher::Event::Init) => {
+                listed = None;
+                continue;
+            }
+            Ok(watcher::Event::InitApply(p)) => {
+                listed = Some(p);
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => listed.take(),
+            Err(e) => {
+                tracing::warn!(error = %e, %namespace, pool = %name, "InferencePool watch failed; retrying");
+                continue;
+            }
+        };
+        let next = current.as_ref().map(pool_source);
+        if next == source && pods.is_some() {
+            continue;
+        }
+        pods = None;
+        match &next {
+            Some((selector, ports)) if !selector.is_empty() && !ports.is_empty() => {
+                tracing::info!(pool = %name, %selector, ?ports, "endpoints from the InferencePool's pods");
+                pods = Some(AbortOnDrop(tokio::spawn(follow(
+                    client.clone(),
+                    namespace.clone(),
+                    selector.clone(),
+                    ports.clone(),
+                    Arc::clone(&pool),
+                    Arc::clone(&synced),
+                ))));
+            }
+            Some(_) => {
+                tracing::warn!(pool = %name, "the InferencePool selects nothing (no labels or no target ports)");
+                pool.set(Vec::new());
+                let _ = synced.send(true);
+            }
+            None => {
+                tracing::warn!(pool = %name, %namespace, "no such InferencePool: no endpoints");
+                pool.set(Vec::new());
+                let _ = synced.send(true);
+            }
+        }
+        source = next;
+    }
+}
+
+/// Aborts the task when dropped.
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -150,6 +255,18 @@ mod tests {
         let mut leaving = pod(&[("Ready", "True")], false, Some("10.1.0.7"));
         leaving.metadata.deletion_timestamp = Some(Time(Default::default()));
         not(leaving);
+    }
+
+    #[test]
+    fn each_target_port_of_a_pod_is_an_endpoint() {
+        let p = pod(&[("Ready", "True")], false, Some("10.1.0.7"));
+        let one = endpoints_of([&p], &[8000]);
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].name, "engine-0");
+        let two = endpoints_of([&p], &[8000, 8001]);
+        let names: Vec<_> = two.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["engine-0:8000", "engine-0:8001"]);
+        assert_eq!(two[1].addr, "10.1.0.7:8001".parse().unwrap());
     }
 
     #[test]

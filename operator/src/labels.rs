@@ -23,6 +23,26 @@ pub const ENGINE: &str = "ballast-engine";
 /// The value of [`MANAGED_BY`] on everything the operator owns.
 pub const OPERATOR: &str = "ballast-operator";
 
+/// The value of [`NAME`] on a service's gateway picker pods (`ballast gateway --pool`).
+pub const PICKER: &str = "ballast-gateway";
+
+/// The labels that select one service's gateway picker pods (never its engine pods).
+pub fn picker_selector_labels(service: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (NAME.to_string(), PICKER.to_string()),
+        (INSTANCE.to_string(), service.to_string()),
+    ])
+}
+
+/// Every label on the picker's objects: its selector labels plus `managed-by` and
+/// `component: gateway`.
+pub fn picker_labels(service: &str) -> BTreeMap<String, String> {
+    let mut l = picker_selector_labels(service);
+    l.insert(MANAGED_BY.to_string(), OPERATOR.to_string());
+    l.insert(COMPONENT.to_string(), "gateway".to_string());
+    l
+}
+
 /// The labels that select one service's replicas (and nothing else).
 pub fn selector_labels(service: &str) -> BTreeMap<String, String> {
     BTreeMap::from([

@@ -5,9 +5,13 @@
 use crate::common;
 use crate::gateway::{MODEL, addr_of, sample, spawn_gateway_with, wait_for};
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use common::engine::{Log, spawn_engine};
+
+/// One control plane at a time: each makes the same pod-network bridge.
+static CONTROL_PLANE: Mutex<()> = Mutex::new(());
 
 /// `--selector` against a real kube-apiserver (the e2e control plane, no node: the pods'
 /// status is written as a kubelet would): the pool is the selected pods that are Ready,
@@ -19,6 +23,7 @@ fn the_pool_follows_the_ready_pods_of_a_selector_on_a_real_api_server() {
     use ballast_e2e::cluster::{ControlPlane, binaries};
     use ballast_e2e::node::PodNetwork;
     let _group = crate::common::group(module_path!());
+    let _one = CONTROL_PLANE.lock().unwrap_or_else(|e| e.into_inner());
     let bin = match binaries() {
         Ok(b) => b,
         Err(why) => {
@@ -125,5 +130,246 @@ fn the_pool_follows_the_ready_pods_of_a_selector_on_a_real_api_server() {
     let before = scraped_ok();
     wait_for("the gated pod's engine to be scraped", || {
         scraped_ok() > before
+    });
+}
+
+/// `spec.gateway` against a real kube-apiserver (no node: pod status is written as a
+/// kubelet would). Without the InferencePool CRD the service says so in `GatewayReady`
+/// and runs as before; once the vendored GIE CRD is installed the operator owns an
+/// InferencePool and the picker's Deployment, Service, PDB, ServiceAccount, Role and
+/// RoleBinding; a hand edit of the pool is put back with a Warning Event; `ballast gateway
+/// --pool`, authenticated as the picker's own ServiceAccount, finds the pool's ready pod
+/// with its least-privilege Role; turning the gateway off deletes all of it.
+#[test]
+fn the_operator_keeps_an_inference_pool_that_its_picker_reads() {
+    use ballast_e2e::cluster::{ControlPlane, binaries};
+    use ballast_e2e::node::PodNetwork;
+    use ballast_e2e::process::{free_port, spawn_logged, stop_child};
+    use std::path::Path;
+    use std::process::Command;
+    let _group = crate::common::group(module_path!());
+    let _one = CONTROL_PLANE.lock().unwrap_or_else(|e| e.into_inner());
+    let bin = match binaries() {
+        Ok(b) => b,
+        Err(why) => {
+            assert!(
+                std::env::var_os("BALLAST_REQUIRE_E2E").is_none(),
+                "BALLAST_REQUIRE_E2E is set but the InferencePool test cannot run: {why}"
+            );
+            eprintln!("SKIPPED: the operator's InferencePool on a real API server: {why}");
+            return;
+        }
+    };
+    let dir = common::local::temp_dir("gateway-pool");
+    let network = PodNetwork::create().unwrap_or_else(|e| panic!("the pod network: {e}"));
+    let cp = ControlPlane::start(&bin, &dir, network.gateway)
+        .unwrap_or_else(|e| panic!("the control plane: {e}"));
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let crd = repo.join("charts/ballast/crds/inferenceservices.ballast.dev.yaml");
+    cp.kubectl(&["apply", "-f", crd.to_str().unwrap()]).unwrap();
+    let ns = "pool";
+    cp.kubectl(&["create", "namespace", ns]).unwrap();
+    wait_for("the namespace's default service account", || {
+        cp.kubectl(&["get", "serviceaccount", "default", "-n", ns])
+            .is_ok()
+    });
+    let logs = dir.join("logs");
+    struct Child(std::process::Child);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            stop_child(&mut self.0, Duration::from_secs(5));
+        }
+    }
+    let _operator = Child(
+        spawn_logged(
+            &logs,
+            "operator",
+            Command::new(env!("CARGO_BIN_EXE_ballast"))
+                .args([
+                    "operator",
+                    "--no-leader-election",
+                    "--metrics-host",
+                    "127.0.0.1",
+                ])
+                .args(["--metrics-port", &free_port().to_string()])
+                .args(["--engine-image", "localhost/ballast:none"])
+                .env("KUBECONFIG", &cp.admin_kubeconfig)
+                .env("BALLAST_LOG", "info"),
+        )
+        .unwrap(),
+    );
+    let op_log = || ballast_e2e::cluster::log_tail(&logs.join("operator.log"), 30);
+    let get = |args: &[&str]| {
+        let mut all = vec!["get", "-n", ns];
+        all.extend(args);
+        cp.kubectl(&all).unwrap_or_default()
+    };
+    let condition = |field: &str| {
+        get(&[
+            "inferenceservice",
+            "chat",
+            "-o",
+            &format!(r#"jsonpath={{.status.conditions[?(@.type=="GatewayReady")].{field}}}"#),
+        ])
+    };
+    let wait = |what: &str, mut cond: Box<dyn FnMut() -> bool + '_>| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !cond() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}; the operator's log ends:\n{}",
+                op_log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+
+    // A real engine whose port the pool targets.
+    let engine = spawn_engine(&["--model", MODEL], Log::Inherit);
+    let port = addr_of(&engine).port();
+    cp.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: chat, namespace: {ns}}}\nspec:\n  model: {{source: '{MODEL}'}}\n  engine: {{port: {port}}}\n  metrics: {{scrapeIntervalSeconds: 1, scrapeTimeoutSeconds: 1}}\n  gateway: {{enabled: true, failureMode: FailOpen}}\n"
+    ))
+    .unwrap();
+    wait(
+        "GatewayUnavailable without the InferencePool CRD",
+        Box::new(|| condition("reason") == "GatewayUnavailable"),
+    );
+    let message = condition("message");
+    assert!(
+        message.contains("inferencepools.inference.networking.k8s.io"),
+        "the condition names the missing CRD: {message}"
+    );
+    assert_eq!(condition("status"), "False");
+    // Served as before: the engines' Deployment is there, the picker's is not.
+    assert!(!get(&["deployment", "chat", "-o", "name"]).is_empty());
+    assert!(get(&["deployment", "chat-epp", "-o", "name", "--ignore-not-found"]).is_empty());
+
+    let gie = repo.join("e2e/gie/inferencepools.yaml");
+    cp.kubectl(&["apply", "-f", gie.to_str().unwrap()]).unwrap();
+    wait(
+        "the InferencePool and the picker",
+        Box::new(|| {
+            !get(&["inferencepool", "chat", "-o", "name", "--ignore-not-found"]).is_empty()
+                && [
+                    "deployment",
+                    "service",
+                    "pdb",
+                    "serviceaccount",
+                    "role",
+                    "rolebinding",
+                ]
+                .iter()
+                .all(|k| !get(&[k, "chat-epp", "-o", "name", "--ignore-not-found"]).is_empty())
+        }),
+    );
+    let pool: serde_json::Value =
+        serde_json::from_str(&get(&["inferencepool", "chat", "-o", "json"])).unwrap();
+    assert_eq!(pool["spec"]["targetPorts"][0]["number"], port);
+    assert_eq!(
+        pool["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "ballast-engine"
+    );
+    assert_eq!(pool["spec"]["endpointPickerRef"]["name"], "chat-epp");
+    assert_eq!(pool["spec"]["endpointPickerRef"]["failureMode"], "FailOpen");
+    wait(
+        "PickerNotReady (no node runs the picker)",
+        Box::new(|| condition("reason") == "PickerNotReady"),
+    );
+
+    // An edit by hand is put back, and said.
+    cp.kubectl(&[
+        "patch",
+        "inferencepool",
+        "chat",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"targetPorts":[{"number":9999}]}}"#,
+    ])
+    .unwrap();
+    wait(
+        "the edited pool to be put back",
+        Box::new(|| {
+            get(&[
+                "inferencepool",
+                "chat",
+                "-o",
+                "jsonpath={.spec.targetPorts[0].number}",
+            ]) == port.to_string()
+        }),
+    );
+    wait(
+        "an InferencePoolReverted Event",
+        Box::new(|| {
+            get(&[
+                "events",
+                "--field-selector",
+                "reason=InferencePoolReverted",
+                "-o",
+                "name",
+            ])
+            .lines()
+            .count()
+                > 0
+        }),
+    );
+
+    // The picker as it runs in the pod: its own ServiceAccount, its own Role.
+    let picker_kubeconfig = cp.service_account_kubeconfig(ns, "chat-epp").unwrap();
+    let (_picker, _, metrics) = spawn_gateway_with(
+        &["--pool", "chat", "--namespace", ns],
+        &[("KUBECONFIG", picker_kubeconfig.as_path())],
+    );
+    let gauge = |name: &str| sample(&metrics, name, "");
+    // An engine pod of the pool (the Deployment's pods have no node here): Ready at the
+    // engine's address.
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: served, namespace: {ns}, labels: {{app.kubernetes.io/name: ballast-engine, app.kubernetes.io/instance: chat}}}}\nspec:\n  containers: [{{name: engine, image: localhost/ballast:none}}]\n"
+    ))
+    .unwrap();
+    cp.kubectl(&[
+        "patch", "pod", "served", "-n", ns, "--subresource=status", "--type=merge", "-p",
+        r#"{"status":{"phase":"Running","podIP":"127.0.0.1","podIPs":[{"ip":"127.0.0.1"}],"conditions":[{"type":"Ready","status":"True"}]}}"#,
+    ])
+    .unwrap();
+    wait_for("the pool's ready pod, scraped", || {
+        gauge("ballast_gateway_endpoints") == 1.0
+            && sample(&metrics, "ballast_gateway_scrapes_total", "outcome=\"ok\"") > 0.0
+    });
+
+    // Off: the pool and the picker go, and so does the condition.
+    cp.kubectl(&[
+        "patch",
+        "inferenceservice",
+        "chat",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"gateway":{"enabled":false}}}"#,
+    ])
+    .unwrap();
+    wait(
+        "the gateway's objects to be deleted",
+        Box::new(|| {
+            get(&["inferencepool", "chat", "-o", "name", "--ignore-not-found"]).is_empty()
+                && [
+                    "deployment",
+                    "service",
+                    "pdb",
+                    "serviceaccount",
+                    "role",
+                    "rolebinding",
+                ]
+                .iter()
+                .all(|k| get(&[k, "chat-epp", "-o", "name", "--ignore-not-found"]).is_empty())
+                && condition("reason").is_empty()
+        }),
+    );
+    // With its pool gone, the picker has no endpoints (its watch says so).
+    wait_for("the picker to drop the deleted pool's pods", || {
+        gauge("ballast_gateway_endpoints") == 0.0
     });
 }

@@ -14,21 +14,28 @@ use std::sync::Arc;
 
 use ballast_crds::EngineKind;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::build::Built;
-use super::cache::MonitorState;
+use super::cache::CrdState;
 use super::context::{Context, ServiceState};
 use super::error::Error;
-use super::names::{ACCEPTING_CONDITION, DELETION_COST, FIELD_MANAGER, service_monitor_resource};
+use super::gateway::GatewayObjects;
+use super::names::{
+    ACCEPTING_CONDITION, DELETION_COST, FIELD_MANAGER, inference_pool_resource, picker_name,
+    service_monitor_resource,
+};
 use super::plan::Plan;
+use super::snapshot::GatewayLive;
 
 /// Step 5's output: the plan, and the Deployment as the cluster holds it now (the answer
 /// of its apply when there was one, else the snapshot's).
@@ -109,6 +116,7 @@ pub async fn apply<'a>(
         other => other?,
     };
     ctx.count_write(&ns, &name, "servicemonitor", wrote);
+    gateway(ctx, plan.isvc, objects.gateway.as_ref(), &snapshot.gateway).await?;
 
     for (pod, accepting) in &plan.rotation {
         let (reason, message) = if *accepting {
@@ -193,9 +201,9 @@ pub async fn service_monitor(
     namespace: &str,
     name: &str,
     desired: Option<&Value>,
-    live: &MonitorState,
+    live: &CrdState,
 ) -> Result<bool, kube::Error> {
-    let MonitorState::Installed(live) = live else {
+    let CrdState::Installed(live) = live else {
         return Ok(false);
     };
     let api: Api<DynamicObject> =
@@ -222,6 +230,141 @@ pub async fn service_monitor(
         }
         (None, _) => Ok(false),
     }
+}
+
+/// The gateway's objects: applied where they differ, the picker's account and Role before
+/// its pods and the InferencePool last (a gateway that reads it finds the picker there);
+/// or, with no gateway wanted, those the operator owns deleted. A pool someone else edited
+/// is put back, with a Warning Event saying so.
+async fn gateway(
+    ctx: &Context,
+    isvc: &ballast_crds::InferenceService,
+    desired: Option<&GatewayObjects>,
+    live: &GatewayLive,
+) -> Result<(), Error> {
+    let ns = isvc.namespace().unwrap_or_default();
+    let name = isvc.name_any();
+    let picker = picker_name(&name);
+    let client = &ctx.client;
+    let Some(want) = desired else {
+        return remove_gateway(ctx, &ns, &name, live).await;
+    };
+    macro_rules! put {
+        ($kind:literal, $live:expr, $want:expr) => {{
+            let written =
+                apply_object(&Api::namespaced(client.clone(), &ns), &picker, $live, $want).await?;
+            ctx.count_write(&ns, &name, $kind, written.is_some());
+        }};
+    }
+    put!(
+        "serviceaccount",
+        live.service_account.as_deref(),
+        &want.service_account
+    );
+    put!("role", live.role.as_deref(), &want.role);
+    put!(
+        "rolebinding",
+        live.role_binding.as_deref(),
+        &want.role_binding
+    );
+    put!("service", live.service.as_deref(), &want.service);
+    put!("pdb", live.pdb.as_deref(), &want.pdb);
+    put!("deployment", live.deployment.as_deref(), &want.deployment);
+    let current = match live.pool.object() {
+        Some(o) => Some(serde_json::to_value(o).map_err(kube::Error::SerdeError)?),
+        None => None,
+    };
+    if current.as_ref().is_some_and(|c| contains(c, &want.pool)) {
+        ctx.count_write(&ns, &name, "inferencepool", false);
+        return Ok(());
+    }
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &inference_pool_resource());
+    match api
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&want.pool),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            ctx.cache.inference_pools_gone().await;
+            return Ok(());
+        }
+        other => other?,
+    };
+    ctx.count_write(&ns, &name, "inferencepool", true);
+    if let Some(c) = current.filter(|c| super::gateway::edited_by_hand(c, &want.pool, contains)) {
+        let spec = c.get("spec").cloned().unwrap_or_default();
+        ctx.event(
+            isvc,
+            EventType::Warning,
+            "InferencePoolReverted",
+            format!(
+                "InferencePool {ns}/{name} was edited outside the InferenceService and has been put back (the edited spec was {spec}); change spec.gateway or spec.engine instead"
+            ),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// Deletes the gateway objects of service `name` that the operator owns.
+async fn remove_gateway(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    live: &GatewayLive,
+) -> Result<(), Error> {
+    if !live.any() {
+        return Ok(());
+    }
+    let client = &ctx.client;
+    let picker = picker_name(name);
+    let dp = Default::default();
+    macro_rules! drop_owned {
+        ($kind:literal, $ty:ty, $live:expr) => {
+            if $live.is_some_and(|o| managed_by_us(o.meta())) {
+                match Api::<$ty>::namespaced(client.clone(), ns)
+                    .delete(&picker, &dp)
+                    .await
+                {
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    other => {
+                        other?;
+                    }
+                }
+                ctx.count_write(ns, name, $kind, true);
+            }
+        };
+    }
+    if live
+        .pool
+        .object()
+        .is_some_and(|o| managed_by_us(&o.metadata))
+    {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &inference_pool_resource());
+        match api.delete(name, &dp).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            other => {
+                other?;
+            }
+        }
+        ctx.count_write(ns, name, "inferencepool", true);
+    }
+    drop_owned!("deployment", Deployment, live.deployment.as_deref());
+    drop_owned!("service", Service, live.service.as_deref());
+    drop_owned!("pdb", PodDisruptionBudget, live.pdb.as_deref());
+    drop_owned!("rolebinding", RoleBinding, live.role_binding.as_deref());
+    drop_owned!("role", Role, live.role.as_deref());
+    drop_owned!(
+        "serviceaccount",
+        ServiceAccount,
+        live.service_account.as_deref()
+    );
+    Ok(())
 }
 
 fn managed_by_us(meta: &kube::core::ObjectMeta) -> bool {

@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
-use super::cache::MonitorState;
 pub use super::error::BuildError;
+use super::gateway::{GatewayInput, GatewayObjects};
 use super::names::ACCEPTING_CONDITION;
 use super::plan::Plan;
 use crate::engine_args::{self, Listen};
@@ -106,6 +106,8 @@ pub struct BuildInput<'a> {
     pub default_image: &'a str,
     /// Whether the ServiceMonitor CRD (monitoring.coreos.com/v1) is installed.
     pub service_monitor_crd: bool,
+    /// Whether the InferencePool CRD (inference.networking.k8s.io/v1) is installed.
+    pub inference_pool_crd: bool,
 }
 
 /// What the spec implies.
@@ -119,6 +121,8 @@ pub struct Desired {
     pub pdb: PodDisruptionBudget,
     /// A ServiceMonitor, when its CRD is installed.
     pub service_monitor: Option<Value>,
+    /// The gateway, when `spec.gateway.enabled` and the InferencePool CRD is installed.
+    pub gateway: Option<GatewayObjects>,
 }
 
 fn kind_word(kind: EngineKind) -> &'static str {
@@ -185,7 +189,8 @@ pub fn objects<'a>(plan: Plan<'a>, default_image: &str) -> Result<Built<'a>, Bui
         isvc: plan.isvc,
         replicas: plan.wanted.replicas,
         default_image,
-        service_monitor_crd: matches!(plan.snapshot.service_monitor, MonitorState::Installed(_)),
+        service_monitor_crd: plan.snapshot.service_monitor.installed(),
+        inference_pool_crd: plan.snapshot.gateway.pool.installed(),
     })?;
     Ok(Built { plan, objects })
 }
@@ -198,6 +203,18 @@ pub fn build(input: &BuildInput<'_>) -> Result<Desired, BuildError> {
         pdb: pdb(input.isvc)?,
         service_monitor: if input.service_monitor_crd {
             Some(service_monitor(input.isvc)?)
+        } else {
+            None
+        },
+        gateway: if input.isvc.spec.gateway.enabled && input.inference_pool_crd {
+            let meta = meta(input.isvc)?;
+            Some(super::gateway::objects(&GatewayInput {
+                isvc: input.isvc,
+                name: meta.name.as_deref().unwrap_or_default(),
+                namespace: meta.namespace.as_deref().unwrap_or_default(),
+                owner: owner_reference(input.isvc)?,
+                default_image: input.default_image,
+            })?)
         } else {
             None
         },
@@ -732,6 +749,7 @@ spec:
             replicas: 3,
             default_image: "ballast:dev",
             service_monitor_crd: false,
+            inference_pool_crd: false,
         }
     }
 
@@ -1170,6 +1188,7 @@ spec:
         assert!(all.service_monitor.is_none(), "not without its CRD");
         let all = build(&BuildInput {
             service_monitor_crd: true,
+            inference_pool_crd: false,
             ..input(&i)
         })
         .unwrap();
@@ -1278,6 +1297,7 @@ spec:
         let i = isvc("{}");
         let all = build(&BuildInput {
             service_monitor_crd: true,
+            inference_pool_crd: false,
             ..input(&i)
         })
         .unwrap();

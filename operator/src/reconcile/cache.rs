@@ -1,10 +1,9 @@
 //! Where reconciles read the cluster from: the reflector stores of what the operator owns
 //! (Deployments, Services, PodDisruptionBudgets, control-token Secrets, engine pods,
-//! ServiceMonitors), kept
-//! current by watches, so a settled InferenceService costs the API server no request at
-//! all; and whether the ServiceMonitor CRD is installed, asked of the discovery API once
-//! and then again every [`DISCOVERY_REFRESH`], or at once after a ServiceMonitor call
-//! answered 404.
+//! ServiceMonitors, InferencePools), kept current by watches, so a settled
+//! InferenceService costs the API server no request at all; and whether the ServiceMonitor
+//! and InferencePool CRDs are installed, asked of the discovery API once and then again
+//! every [`DISCOVERY_REFRESH`], or at once after a call answered 404 for the resource.
 //!
 //! A store is read only once its watch has listed everything (it is *ready*); a reconcile
 //! waits up to [`STORE_SYNC_WAIT`] for that. After it, and in a [`Cache`] made without
@@ -17,15 +16,19 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{DynamicObject, ListParams};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::names::{SERVICE_MONITOR_API, owned_selector, service_monitor_resource};
+use super::names::{
+    INFERENCE_POOL_API, SERVICE_MONITOR_API, inference_pool_resource, owned_selector,
+    service_monitor_resource,
+};
 use crate::labels;
 
 /// How long an answer of the discovery API about the ServiceMonitor CRD is kept: a
@@ -62,6 +65,12 @@ pub struct Stores {
     /// HorizontalPodAutoscalers (to tell when one targets an InferenceService whose
     /// built-in autoscaler is on).
     pub autoscalers: Store<HorizontalPodAutoscaler>,
+    /// ServiceAccounts the operator owns (the gateway pickers').
+    pub service_accounts: Store<ServiceAccount>,
+    /// Roles the operator owns (the gateway pickers').
+    pub roles: Store<Role>,
+    /// RoleBindings the operator owns (the gateway pickers').
+    pub role_bindings: Store<RoleBinding>,
 }
 
 /// Watcher settings of the owned kinds: only what the operator labelled, without
@@ -100,17 +109,26 @@ where
     matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
 }
 
-/// The ServiceMonitor CRD as last discovered, and a store of the operator's
-/// ServiceMonitors while it is installed.
+/// A kind served by a CRD that may not be installed (the Prometheus Operator's
+/// ServiceMonitor, the Gateway API Inference Extension's InferencePool): whether discovery
+/// last found it, and a store of the operator's objects of that kind while it is there.
+struct Optional {
+    /// The resource.
+    resource: ApiResource,
+    /// Its API group and version, as discovery serves them.
+    group_version: &'static str,
+    held: tokio::sync::Mutex<Discovered>,
+}
+
 #[derive(Default)]
-struct Monitors {
+struct Discovered {
     /// When discovery last answered, and whether the CRD was installed.
     checked: Option<(Instant, bool)>,
     /// The store and the task that keeps it (dropped, and so stopped, with the CRD).
     watch: Option<(Store<DynamicObject>, tokio::task::JoinHandle<()>)>,
 }
 
-impl Drop for Monitors {
+impl Drop for Discovered {
     fn drop(&mut self) {
         if let Some((_, task)) = self.watch.take() {
             task.abort();
@@ -118,13 +136,38 @@ impl Drop for Monitors {
     }
 }
 
-/// What the ServiceMonitor CRD's presence means for a service.
+impl Optional {
+    fn new(resource: ApiResource, group_version: &'static str) -> Self {
+        Self {
+            resource,
+            group_version,
+            held: Default::default(),
+        }
+    }
+}
+
+/// What an optional CRD's presence means for a service.
 #[derive(Debug, Clone, PartialEq)]
-pub enum MonitorState {
-    /// The CRD is not installed: no ServiceMonitor is built or read.
+pub enum CrdState {
+    /// The CRD is not installed: no object of its kind is built or read.
     NotInstalled,
-    /// Installed; the service's ServiceMonitor as the cluster holds it, if any.
+    /// Installed; the service's object of that kind as the cluster holds it, if any.
     Installed(Option<Arc<DynamicObject>>),
+}
+
+impl CrdState {
+    /// Whether the CRD is installed.
+    pub fn installed(&self) -> bool {
+        matches!(self, CrdState::Installed(_))
+    }
+
+    /// The live object, if the CRD is installed and there is one.
+    pub fn object(&self) -> Option<&DynamicObject> {
+        match self {
+            CrdState::Installed(o) => o.as_deref(),
+            CrdState::NotInstalled => None,
+        }
+    }
 }
 
 /// The reads of every reconcile.
@@ -134,7 +177,8 @@ pub struct Cache {
     stores: Option<Stores>,
     /// Where the ServiceMonitor watch looks (`None`: every namespace).
     namespace: Option<String>,
-    monitors: tokio::sync::Mutex<Monitors>,
+    monitors: Optional,
+    pools: Optional,
     /// Referenced Secrets by namespace and name: when read, and what was there.
     referenced: std::sync::Mutex<ReferencedSecrets>,
 }
@@ -149,7 +193,8 @@ impl Cache {
             client,
             stores: None,
             namespace: None,
-            monitors: Default::default(),
+            monitors: Optional::new(service_monitor_resource(), SERVICE_MONITOR_API),
+            pools: Optional::new(inference_pool_resource(), INFERENCE_POOL_API),
             referenced: Default::default(),
         }
     }
@@ -161,7 +206,8 @@ impl Cache {
             client,
             stores: Some(stores),
             namespace,
-            monitors: Default::default(),
+            monitors: Optional::new(service_monitor_resource(), SERVICE_MONITOR_API),
+            pools: Optional::new(inference_pool_resource(), INFERENCE_POOL_API),
             referenced: Default::default(),
         }
     }
@@ -240,6 +286,60 @@ impl Cache {
     ) -> Result<Option<Arc<PodDisruptionBudget>>, kube::Error> {
         self.object(self.store(|s| &s.pdbs).await, namespace, name)
             .await
+    }
+
+    /// The ServiceAccount `namespace/name`, if the operator owns it.
+    pub async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ServiceAccount>>, kube::Error> {
+        self.object(self.store(|s| &s.service_accounts).await, namespace, name)
+            .await
+    }
+
+    /// The Role `namespace/name`, if the operator owns it.
+    pub async fn role(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Role>>, kube::Error> {
+        self.object(self.store(|s| &s.roles).await, namespace, name)
+            .await
+    }
+
+    /// The RoleBinding `namespace/name`, if the operator owns it.
+    pub async fn role_binding(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<RoleBinding>>, kube::Error> {
+        self.object(self.store(|s| &s.role_bindings).await, namespace, name)
+            .await
+    }
+
+    /// The pods of service `name`'s gateway picker in `namespace`.
+    pub async fn picker_pods(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<Arc<Pod>>, kube::Error> {
+        let selector = labels::picker_selector_labels(name);
+        if let Some(store) = self.store(|s| &s.pods).await {
+            return Ok(store.state_filter(|p| {
+                p.namespace().as_deref() == Some(namespace)
+                    && selector.iter().all(|(k, v)| p.labels().get(k) == Some(v))
+            }));
+        }
+        let selector = selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let list = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        Ok(list.items.into_iter().map(Arc::new).collect())
     }
 
     /// The Secret `namespace/name`, if the operator owns it (the store holds only those).
@@ -341,12 +441,42 @@ impl Cache {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<MonitorState, kube::Error> {
-        let mut m = self.monitors.lock().await;
+    ) -> Result<CrdState, kube::Error> {
+        self.optional(&self.monitors, namespace, name).await
+    }
+
+    /// A ServiceMonitor call answered 404 for the resource: the CRD may be gone, so the
+    /// next reconcile asks discovery again.
+    pub async fn service_monitors_gone(&self) {
+        self.monitors.held.lock().await.checked = None;
+    }
+
+    /// Whether the InferencePool CRD (v1) is installed, and if so the InferencePool `name`.
+    pub async fn inference_pool(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<CrdState, kube::Error> {
+        self.optional(&self.pools, namespace, name).await
+    }
+
+    /// An InferencePool call answered 404 for the resource (see
+    /// [`service_monitors_gone`](Self::service_monitors_gone)).
+    pub async fn inference_pools_gone(&self) {
+        self.pools.held.lock().await.checked = None;
+    }
+
+    async fn optional(
+        &self,
+        kind: &Optional,
+        namespace: &str,
+        name: &str,
+    ) -> Result<CrdState, kube::Error> {
+        let mut m = kind.held.lock().await;
         let installed = match m.checked {
             Some((at, installed)) if at.elapsed() < DISCOVERY_REFRESH => installed,
             _ => {
-                let installed = self.discover().await?;
+                let installed = self.discover(kind).await?;
                 m.checked = Some((Instant::now(), installed));
                 installed
             }
@@ -355,66 +485,69 @@ impl Cache {
             if let Some((_, task)) = m.watch.take() {
                 task.abort();
             }
-            return Ok(MonitorState::NotInstalled);
+            return Ok(CrdState::NotInstalled);
         }
         if m.watch.is_none() && self.stores.is_some() {
-            m.watch = Some(self.watch_monitors());
+            m.watch = Some(self.watch_owned(&kind.resource));
         }
         if let Some((store, _)) = m.watch.as_ref().filter(|(s, _)| ready(s)) {
-            let key = ObjectRef::new_with(name, service_monitor_resource()).within(namespace);
-            return Ok(MonitorState::Installed(store.get(&key)));
+            let key = ObjectRef::new_with(name, kind.resource.clone()).within(namespace);
+            return Ok(CrdState::Installed(store.get(&key)));
         }
         drop(m);
         let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &service_monitor_resource());
+            Api::namespaced_with(self.client.clone(), namespace, &kind.resource);
         match api.get_opt(name).await {
-            Ok(o) => Ok(MonitorState::Installed(o.map(Arc::new))),
+            Ok(o) => Ok(CrdState::Installed(o.map(Arc::new))),
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 // Not the object (that is `Ok(None)`): the resource itself is gone.
-                self.service_monitors_gone().await;
-                Ok(MonitorState::NotInstalled)
+                kind.held.lock().await.checked = None;
+                Ok(CrdState::NotInstalled)
             }
             Err(e) => Err(e),
         }
     }
 
-    /// A ServiceMonitor call answered 404 for the resource: the CRD may be gone, so the
-    /// next reconcile asks discovery again.
-    pub async fn service_monitors_gone(&self) {
-        self.monitors.lock().await.checked = None;
-    }
-
-    /// Asks the discovery API whether `monitoring.coreos.com/v1` serves ServiceMonitors.
-    async fn discover(&self) -> Result<bool, kube::Error> {
+    /// Asks the discovery API whether the kind's group and version serve it.
+    async fn discover(&self, kind: &Optional) -> Result<bool, kube::Error> {
         match self
             .client
-            .list_api_group_resources(SERVICE_MONITOR_API)
+            .list_api_group_resources(kind.group_version)
             .await
         {
-            Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicemonitors")),
+            Ok(list) => Ok(list
+                .resources
+                .iter()
+                .any(|r| r.name == kind.resource.plural)),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
             Err(e) => Err(e),
         }
     }
 
-    /// Starts watching the operator's ServiceMonitors into a new store.
-    fn watch_monitors(&self) -> (Store<DynamicObject>, tokio::task::JoinHandle<()>) {
-        let ar = service_monitor_resource();
+    /// Starts watching the operator's objects of `resource` into a new store.
+    fn watch_owned(
+        &self,
+        resource: &ApiResource,
+    ) -> (Store<DynamicObject>, tokio::task::JoinHandle<()>) {
         let api: Api<DynamicObject> = match &self.namespace {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
-            None => Api::all_with(self.client.clone(), &ar),
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
+            None => Api::all_with(self.client.clone(), resource),
         };
-        let writer = reflector::store::Writer::new(ar);
+        let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
         let stream = watcher(api, owned_watch())
             .default_backoff()
             .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
             .reflect(writer);
+        let kind = resource.kind.clone();
         let task = tokio::spawn(async move {
             stream
-                .for_each(|event| async move {
-                    if let Err(e) = event {
-                        tracing::debug!(target: "ballast::operator", error = %e, "ServiceMonitor watch");
+                .for_each(|event| {
+                    let kind = kind.clone();
+                    async move {
+                        if let Err(e) = event {
+                            tracing::debug!(target: "ballast::operator", error = %e, %kind, "watch");
+                        }
                     }
                 })
                 .await;

@@ -61,6 +61,15 @@ pub enum BuildError {
         "spec.engine.image is required for engine.kind {0} (the operator has a default only for ballast)"
     )]
     NoImage(&'static str),
+    /// `spec.gateway.enabled` without `spec.gateway.image` or the operator's
+    /// `--engine-image`.
+    #[error(
+        "spec.gateway.image is required: the operator has no --engine-image to run the picker (ballast gateway) with"
+    )]
+    NoGatewayImage,
+    /// An object could not be turned into JSON (a bug).
+    #[error("cannot serialize {0}")]
+    Unserializable(String),
     /// A certificate could not be made (the system's random generator failed, say).
     #[error("{0}")]
     Certificate(String),

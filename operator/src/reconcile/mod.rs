@@ -32,6 +32,7 @@ pub mod build;
 pub mod cache;
 pub mod context;
 pub mod error;
+pub mod gateway;
 pub mod leader;
 pub mod names;
 mod pipeline;

@@ -27,6 +27,17 @@ pub fn service_monitor_resource() -> ApiResource {
     )
 }
 
+/// The Gateway API Inference Extension's API group and version of InferencePools.
+pub const INFERENCE_POOL_API: &str = ballast_crds::inference_pool::API_VERSION;
+
+/// The InferencePool resource (v1).
+pub fn inference_pool_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("inference.networking.k8s.io", "v1", "InferencePool"),
+        "inferencepools",
+    )
+}
+
 /// The label selector of what the operator owns (`app.kubernetes.io/managed-by`), which
 /// its Services, PDBs, ServiceMonitors and engine pods carry: the caches hold only those.
 pub fn owned_selector() -> String {
@@ -45,3 +56,9 @@ pub fn secret_name(service: &str) -> String {
 pub const CONTROL_TLS_CERT_ENV: &str = "BALLAST_CONTROL_TLS_CERT";
 /// See [`CONTROL_TLS_CERT_ENV`].
 pub const CONTROL_TLS_KEY_ENV: &str = "BALLAST_CONTROL_TLS_KEY";
+
+/// The name of a service's gateway picker: its Deployment, Service, PodDisruptionBudget,
+/// ServiceAccount, Role and RoleBinding.
+pub fn picker_name(service: &str) -> String {
+    format!("{service}-epp")
+}

@@ -20,8 +20,11 @@
 //!   CRD; a store that has not synced within `STORE_SYNC_WAIT` (a watch that cannot list)
 //!   is bypassed: the reconcile `get`s each object (a `list` for pods);
 //! - `apply.rs`: server-side apply, which is `patch`, and also `create` when the object
-//!   does not exist yet (Deployment, Service, PodDisruptionBudget, ServiceMonitor);
-//!   `delete` of a ServiceMonitor the operator owns when the spec stops asking for one;
+//!   does not exist yet (Deployment, Service, PodDisruptionBudget, ServiceMonitor, and for
+//!   `spec.gateway` the InferencePool and the picker's ServiceAccount, Role and
+//!   RoleBinding, each watched into a store by `run.rs`); `delete` of a ServiceMonitor the
+//!   operator owns when the spec stops asking for one, and of the gateway's objects when
+//!   `spec.gateway` is turned off;
 //!   a merge `patch` of a pod's deletion cost and a strategic `patch` of `pods/status`
 //!   for the readiness gate;
 //! - `token.rs`: each service's control-token Secret, read from a store fed by a `list`
@@ -46,8 +49,8 @@
 //! - `run.rs` (only with `--metrics-api-port` or `--keda-port`): a merge `patch` of the
 //!   operator's own pod (its leader label), in its own namespace.
 //!
-//! Not listed: `cache.rs` reads the discovery document
-//! `/apis/monitoring.coreos.com/v1`, which every authenticated client may read
+//! Not listed: `cache.rs` reads the discovery documents
+//! `/apis/monitoring.coreos.com/v1` and `/apis/inference.networking.k8s.io/v1`, which every authenticated client may read
 //! (the built-in `system:discovery` role).
 
 /// Where a grant applies.
@@ -105,21 +108,16 @@ const fn watched(
     }
 }
 
+/// What the operator does with the kinds it owns outright.
+const ALL: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+
 /// Every API call of `ballast operator` (see the module docs for where each is made).
 pub const API_ACCESS: &[ApiAccess] = &[
     watched("ballast.dev", "inferenceservices", &["list", "watch"]),
     watched("ballast.dev", "inferenceservices/status", &["patch"]),
-    watched(
-        "apps",
-        "deployments",
-        &["get", "list", "watch", "create", "patch"],
-    ),
-    watched("", "services", &["get", "list", "watch", "create", "patch"]),
-    watched(
-        "policy",
-        "poddisruptionbudgets",
-        &["get", "list", "watch", "create", "patch"],
-    ),
+    watched("apps", "deployments", ALL),
+    watched("", "services", ALL),
+    watched("policy", "poddisruptionbudgets", ALL),
     watched("", "pods", &["list", "watch", "patch"]),
     watched("", "pods/status", &["patch"]),
     watched("events.k8s.io", "events", &["create", "patch"]),
@@ -129,11 +127,11 @@ pub const API_ACCESS: &[ApiAccess] = &[
         &["list", "watch"],
     ),
     watched("", "secrets", &["get", "list", "watch", "create", "update"]),
-    watched(
-        "monitoring.coreos.com",
-        "servicemonitors",
-        &["get", "list", "watch", "create", "patch", "delete"],
-    ),
+    watched("monitoring.coreos.com", "servicemonitors", ALL),
+    watched("inference.networking.k8s.io", "inferencepools", ALL),
+    watched("", "serviceaccounts", ALL),
+    watched("rbac.authorization.k8s.io", "roles", ALL),
+    watched("rbac.authorization.k8s.io", "rolebindings", ALL),
     ApiAccess {
         group: "coordination.k8s.io",
         resource: "leases",

@@ -143,6 +143,60 @@ pub fn autoscaler_conflict(
     })
 }
 
+/// The condition type of a service's gateway (`spec.gateway.enabled`).
+pub const GATEWAY_CONDITION: &str = "GatewayReady";
+/// Its reason while the InferencePool CRD is not installed (also the Event's reason).
+pub const GATEWAY_UNAVAILABLE: &str = "GatewayUnavailable";
+
+/// `GatewayReady` of a service whose spec asks for a gateway: `False` with
+/// [`GATEWAY_UNAVAILABLE`] while the InferencePool CRD is missing (the service is served
+/// as without a gateway), `False` with `PickerNotReady` while no picker pod is ready,
+/// else `True`. `None` without `spec.gateway.enabled` (a condition set before is removed).
+pub fn gateway_condition(
+    isvc: &InferenceService,
+    snapshot: &Snapshot,
+) -> Option<ConditionSet<'static>> {
+    let g = &isvc.spec.gateway;
+    if !g.enabled {
+        return None;
+    }
+    let ns = isvc.namespace().unwrap_or_default();
+    let name = isvc.name_any();
+    let picker = super::names::picker_name(&name);
+    let live = &snapshot.gateway;
+    Some(if !live.pool.installed() {
+        ConditionSet {
+            type_: GATEWAY_CONDITION,
+            status: false,
+            reason: GATEWAY_UNAVAILABLE,
+            message: format!(
+                "spec.gateway.enabled needs the InferencePool CRD ({}, version v1), which this cluster does not serve: install the Gateway API Inference Extension's CRDs; until then the service is served without a gateway",
+                ballast_crds::inference_pool::RESOURCE
+            ),
+        }
+    } else if live.ready_pickers == 0 {
+        ConditionSet {
+            type_: GATEWAY_CONDITION,
+            status: false,
+            reason: "PickerNotReady",
+            message: format!(
+                "InferencePool {ns}/{name}: no pod of its picker {picker} is ready (0 of {})",
+                g.replicas
+            ),
+        }
+    } else {
+        ConditionSet {
+            type_: GATEWAY_CONDITION,
+            status: true,
+            reason: "PickerReady",
+            message: format!(
+                "InferencePool {ns}/{name}: picker {picker} has {} of {} pods ready",
+                live.ready_pickers, g.replicas
+            ),
+        }
+    })
+}
+
 /// `Degraded=True` when engine pods cannot run: reason `ImagePullFailed`,
 /// `ContainerCreateFailed` or `EngineCrashLoop` (the most actionable kind among the failing
 /// pods), and a message naming the pod, container, kubelet reason and message (and how
@@ -283,8 +337,17 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
         .filter(|c| c.status && live_conflict.is_none_or(|l| l.status != "True"))
         .map(|c| c.message.clone());
     conditions.extend(conflict);
+    let live_gateway = live_condition(isvc, GATEWAY_CONDITION);
+    let gateway = gateway_condition(isvc, &plan.snapshot);
+    let gateway_event = gateway
+        .as_ref()
+        .filter(|c| {
+            c.reason == GATEWAY_UNAVAILABLE && live_gateway.is_none_or(|l| l.reason != c.reason)
+        })
+        .map(|c| c.message.clone());
+    conditions.extend(gateway);
     let desired = plan.wanted.replicas;
-    let s = status_at(
+    let mut s = status_at(
         NewStatus {
             isvc,
             counts,
@@ -299,8 +362,15 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
             updated: updated_replicas(deployment.as_deref()),
         },
     );
+    if !isvc.spec.gateway.enabled {
+        s.conditions.retain(|c| c.type_ != GATEWAY_CONDITION);
+    }
     let wrote = write(&Api::namespaced(ctx.client.clone(), &ns), isvc, &s).await?;
     ctx.count_write(&ns, &name, "status", wrote);
+    if let (true, Some(message)) = (wrote, gateway_event) {
+        ctx.event(isvc, EventType::Warning, GATEWAY_UNAVAILABLE, message)
+            .await;
+    }
     if let (true, Some((type_, reason, message))) = (wrote, degraded_event) {
         ctx.event(isvc, type_, reason, message).await;
     }

@@ -16,8 +16,9 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -486,6 +487,12 @@ fn control(
     // back, and a settled service reads its token from memory, never from the API server.
     let (secrets, secret_events) = reflect(api::<Secret>(&client, ns), owned_watch());
     let (pods, pod_events) = reflect(api::<Pod>(&client, ns), owned_watch());
+    // The gateway's picker runs as an account of its own with a Role of its own.
+    let (service_accounts, service_account_events) =
+        reflect(api::<ServiceAccount>(&client, ns), owned_watch());
+    let (roles, role_events) = reflect(api::<Role>(&client, ns), owned_watch());
+    let (role_bindings, role_binding_events) =
+        reflect(api::<RoleBinding>(&client, ns), owned_watch());
     let pod_triggers = pod_events.filter(changed_pods());
     let stores = Stores {
         deployments,
@@ -494,6 +501,9 @@ fn control(
         pdbs,
         secrets,
         autoscalers: autoscalers(&client, ns),
+        service_accounts,
+        roles,
+        role_bindings,
     };
     let recorder = Recorder::new(
         client.clone(),
@@ -520,6 +530,9 @@ fn control(
     .owns_stream(service_events)
     .owns_stream(pdb_events)
     .owns_stream(secret_events)
+    .owns_stream(service_account_events)
+    .owns_stream(role_events)
+    .owns_stream(role_binding_events)
     .watches_stream(pod_triggers, |pod: Pod| {
         let service = pod.labels().get(crate::labels::INSTANCE)?.clone();
         Some(ObjectRef::new(&service).within(&pod.namespace()?))

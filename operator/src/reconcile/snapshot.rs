@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use ballast_crds::InferenceService;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 
-use super::cache::{Cache, MonitorState};
+use super::cache::{Cache, CrdState};
 use super::names::{ACCEPTING_CONDITION, DELETION_COST};
 use crate::scrape::ScrapeKey;
 use crate::status::ReplicaCounts;
@@ -222,13 +223,94 @@ pub struct Snapshot {
     /// Its PodDisruptionBudget, when it exists.
     pub pdb: Option<Arc<PodDisruptionBudget>>,
     /// Whether ServiceMonitors can exist, and its own.
-    pub service_monitor: MonitorState,
+    pub service_monitor: CrdState,
     /// Its pods, by name.
     pub pods: Vec<PodView>,
     /// HorizontalPodAutoscalers that target it, by name.
     pub autoscalers: Vec<String>,
     /// Its API keys, as the Secret `spec.auth` names holds them.
     pub api_keys: ApiKeys,
+    /// Its gateway's objects.
+    pub gateway: GatewayLive,
+}
+
+/// A service's gateway as the cluster holds it: whether InferencePools can exist and its
+/// own, and the picker's objects (`NAME-epp`), each `None` when there is none.
+#[derive(Debug, Clone)]
+pub struct GatewayLive {
+    /// Whether the InferencePool CRD is installed, and the service's pool.
+    pub pool: CrdState,
+    /// The picker's ServiceAccount.
+    pub service_account: Option<Arc<ServiceAccount>>,
+    /// Its Role.
+    pub role: Option<Arc<Role>>,
+    /// Its RoleBinding.
+    pub role_binding: Option<Arc<RoleBinding>>,
+    /// The picker Deployment.
+    pub deployment: Option<Arc<Deployment>>,
+    /// The picker Service.
+    pub service: Option<Arc<Service>>,
+    /// The picker PodDisruptionBudget.
+    pub pdb: Option<Arc<PodDisruptionBudget>>,
+    /// Picker pods that are Ready and not leaving.
+    pub ready_pickers: i32,
+}
+
+impl Default for GatewayLive {
+    fn default() -> Self {
+        GatewayLive {
+            pool: CrdState::NotInstalled,
+            service_account: None,
+            role: None,
+            role_binding: None,
+            deployment: None,
+            service: None,
+            pdb: None,
+            ready_pickers: 0,
+        }
+    }
+}
+
+impl GatewayLive {
+    /// Whether any of the gateway's objects exists.
+    pub fn any(&self) -> bool {
+        self.pool.object().is_some()
+            || self.service_account.is_some()
+            || self.role.is_some()
+            || self.role_binding.is_some()
+            || self.deployment.is_some()
+            || self.service.is_some()
+            || self.pdb.is_some()
+    }
+
+    /// Reads the gateway of service `name` in `ns` from the caches.
+    pub async fn read(cache: &Cache, ns: &str, name: &str) -> Result<GatewayLive, kube::Error> {
+        let picker = super::names::picker_name(name);
+        let ready_pickers = cache
+            .picker_pods(ns, name)
+            .await?
+            .iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+            })
+            .count() as i32;
+        Ok(GatewayLive {
+            pool: cache.inference_pool(ns, name).await?,
+            service_account: cache.service_account(ns, &picker).await?,
+            role: cache.role(ns, &picker).await?,
+            role_binding: cache.role_binding(ns, &picker).await?,
+            deployment: cache.deployment(ns, &picker).await?,
+            service: cache.service(ns, &picker).await?,
+            pdb: cache.pdb(ns, &picker).await?,
+            ready_pickers,
+        })
+    }
 }
 
 /// A service's API keys (`spec.auth.apiKeySecretRef`) as the cluster holds them. Nothing
@@ -295,10 +377,11 @@ impl Default for Snapshot {
             deployment: None,
             service: None,
             pdb: None,
-            service_monitor: MonitorState::NotInstalled,
+            service_monitor: CrdState::NotInstalled,
             pods: Vec::new(),
             autoscalers: Vec::new(),
             api_keys: ApiKeys::NotRequired,
+            gateway: GatewayLive::default(),
         }
     }
 }
@@ -401,6 +484,7 @@ pub async fn read(cache: &Cache, isvc: &InferenceService) -> Result<Snapshot, ku
         pdb: cache.pdb(&ns, &name).await?,
         service_monitor: cache.service_monitor(&ns, &name).await?,
         autoscalers: cache.autoscalers(&ns, &name).await?,
+        gateway: GatewayLive::read(cache, &ns, &name).await?,
         pods,
     })
 }

@@ -62,6 +62,13 @@ pub fn errors(isvc: &InferenceService, default_image: &str) -> Vec<String> {
                 .into(),
         );
     }
+    let g = &isvc.spec.gateway;
+    if g.enabled && g.image.is_empty() && default_image.is_empty() {
+        errors.push(
+            "spec.gateway.image is required (the operator has no --engine-image to run the picker with)"
+                .into(),
+        );
+    }
     errors
 }
 
