@@ -742,6 +742,13 @@ pub struct Signals {
     pub admission_rejections_per_second: Option<f64>,
     /// Fleet p99 TTFT.
     pub ttft_p99_seconds: Option<f64>,
+    /// Requests the gateway holds (`spec.gateway`), waiting for capacity no replica has;
+    /// counted in `capacityWaiting` too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_requests: Option<f64>,
+    /// How long the longest-held of them has been held, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_hold_seconds: Option<f64>,
 }
 
 /// Replicas one signal asked for.

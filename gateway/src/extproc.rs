@@ -24,9 +24,10 @@
 //! to the messages to answer, so it is tested without gRPC; [`Processor`] runs one per
 //! stream.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
@@ -101,6 +102,10 @@ pub struct Shared {
     pub metrics: Arc<GatewayMetrics>,
     /// Requests held now.
     pub held: AtomicUsize,
+    /// When each held request was held, by a number of its own: the oldest hold's age is
+    /// demand the operator reads (`ballast_gateway_oldest_hold_seconds`).
+    holds: Mutex<BTreeSet<(Instant, u64)>>,
+    next_hold: AtomicU64,
 }
 
 impl Shared {
@@ -111,7 +116,27 @@ impl Shared {
             config,
             metrics,
             held: AtomicUsize::new(0),
+            holds: Mutex::new(BTreeSet::new()),
+            next_hold: AtomicU64::new(0),
         }
+    }
+
+    /// When the longest-held request still held was held; `None` when none is.
+    pub fn oldest_hold(&self) -> Option<Instant> {
+        let holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.first().map(|(at, _)| *at)
+    }
+
+    fn start_hold(&self, at: Instant) -> u64 {
+        let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
+        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.insert((at, id));
+        id
+    }
+
+    fn end_hold(&self, at: Instant, id: u64) {
+        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.remove(&(at, id));
     }
 }
 
@@ -254,6 +279,8 @@ pub struct Exchange<'a> {
     priority: i64,
     /// A held request's body and whether it had trailers, and when it was held.
     held: Option<(Option<Vec<u8>>, bool, Instant)>,
+    /// Its entry in [`Shared`]'s holds while held.
+    hold: Option<(Instant, u64)>,
     /// The block hashes of its prompt (empty: none read).
     prompt: Vec<u64>,
 }
@@ -269,6 +296,7 @@ impl<'a> Exchange<'a> {
             in_flight: None,
             priority: 0,
             held: None,
+            hold: None,
             prompt: Vec::new(),
         }
     }
@@ -412,6 +440,7 @@ impl<'a> Exchange<'a> {
             return self.pick(body, trailers, started, true);
         }
         self.shared.metrics.queue_length.inc();
+        self.hold = Some((started, self.shared.start_hold(started)));
         self.phase = Phase::Held;
         self.held = Some((body, trailers, started));
         Step {
@@ -434,6 +463,9 @@ impl<'a> Exchange<'a> {
     }
 
     fn unhold(&mut self) {
+        if let Some((at, id)) = self.hold.take() {
+            self.shared.end_hold(at, id);
+        }
         self.shared.held.fetch_sub(1, Ordering::Relaxed);
         self.shared.metrics.queue_length.dec();
     }

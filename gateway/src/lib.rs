@@ -418,17 +418,8 @@ pub async fn run(
         "ballast gateway metrics on http://{}",
         metrics_listener.local_addr().unwrap_or(metrics_addr)
     );
-    let admin = Connections(ballast_serve::Connections::start(
-        metrics_listener,
-        admin_router(Admin {
-            metrics: Arc::clone(&metrics),
-            pool: Arc::clone(&pool),
-        }),
-        &ballast_operator::ADMIN_HTTP_LIMITS,
-    ));
-
-    let processor = Processor::new(Arc::new(Shared::new(
-        pool,
+    let shared = Arc::new(Shared::new(
+        Arc::clone(&pool),
         ProcessorConfig {
             max_body_bytes: args.max_body_bytes,
             models: args.model_names.clone(),
@@ -441,8 +432,19 @@ pub async fn run(
                 max_blocks: args.prefix_max_blocks,
             },
         },
-        metrics,
-    )));
+        Arc::clone(&metrics),
+    ));
+    let admin = Connections(ballast_serve::Connections::start(
+        metrics_listener,
+        admin_router(Admin {
+            metrics,
+            pool,
+            shared: Arc::clone(&shared),
+            pool_name: args.pool.clone().unwrap_or_default(),
+        }),
+        &ballast_operator::ADMIN_HTTP_LIMITS,
+    ));
+    let processor = Processor::new(shared);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn({
         let health = health.clone();
@@ -493,6 +495,9 @@ pub async fn run(
 struct Admin {
     metrics: Arc<GatewayMetrics>,
     pool: Arc<Pool>,
+    shared: Arc<Shared>,
+    /// `--pool`, the `pool` label of the hold gauges (empty without one).
+    pool_name: String,
 }
 
 fn admin_router(admin: Admin) -> Router {
@@ -504,6 +509,16 @@ fn admin_router(admin: Admin) -> Router {
                 a.metrics.unreachable.set(a.pool.unreachable() as i64);
                 let blocks: usize = a.pool.endpoints().iter().map(|s| s.prefix_blocks()).sum();
                 a.metrics.prefix_blocks.set(blocks as i64);
+                let pool = [a.pool_name.as_str()];
+                a.metrics
+                    .held_requests
+                    .with_label_values(&pool)
+                    .set(a.shared.held.load(std::sync::atomic::Ordering::Relaxed) as i64);
+                let oldest = a
+                    .shared
+                    .oldest_hold()
+                    .map_or(0.0, |at| at.elapsed().as_secs_f64());
+                a.metrics.oldest_hold.with_label_values(&pool).set(oldest);
                 a.metrics
                     .stale
                     .set(a.pool.stale(std::time::Instant::now()) as i64);

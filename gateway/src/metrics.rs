@@ -1,8 +1,8 @@
 //! The gateway's own metrics (`--metrics-port`, `GET /metrics`).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every family the gateway exports.
@@ -34,6 +34,13 @@ pub struct GatewayMetrics {
     pub queue_length: IntGauge,
     /// `ballast_gateway_queue_wait_seconds`: how long held requests were held.
     pub queue_wait: Histogram,
+    /// `ballast_gateway_held_requests{pool}`: requests held now, by the InferencePool the
+    /// gateway serves (`--pool`; empty otherwise). Demand the operator reads: requests
+    /// waiting for capacity that no replica counts.
+    pub held_requests: IntGaugeVec,
+    /// `ballast_gateway_oldest_hold_seconds{pool}`: how long the longest-held request still
+    /// held has been held (0 when none is).
+    pub oldest_hold: GaugeVec,
     /// `ballast_gateway_scrapes_total{outcome}`: the gateway's scrapes of its endpoints.
     pub scrapes: IntCounterVec,
     /// `ballast_gateway_endpoints_stale`: endpoints whose data is stale (scored on the
@@ -138,6 +145,22 @@ impl GatewayMetrics {
             ]),
         )
         .expect("valid");
+        let held_requests = IntGaugeVec::new(
+            Opts::new(
+                "ballast_gateway_held_requests",
+                "Requests held in the gateway now, waiting for an endpoint with capacity: demand no engine counts yet.",
+            ),
+            &["pool"],
+        )
+        .expect("valid");
+        let oldest_hold = GaugeVec::new(
+            Opts::new(
+                "ballast_gateway_oldest_hold_seconds",
+                "How long the longest-held request still held has been held (0 when none is).",
+            ),
+            &["pool"],
+        )
+        .expect("valid");
         let scrapes = IntCounterVec::new(
             Opts::new(
                 "ballast_gateway_scrapes_total",
@@ -168,6 +191,8 @@ impl GatewayMetrics {
             Box::new(in_flight.clone()),
             Box::new(queue_length.clone()),
             Box::new(queue_wait.clone()),
+            Box::new(held_requests.clone()),
+            Box::new(oldest_hold.clone()),
             Box::new(scrapes.clone()),
             Box::new(stale.clone()),
             Box::new(unreachable.clone()),
@@ -187,6 +212,8 @@ impl GatewayMetrics {
             in_flight,
             queue_length,
             queue_wait,
+            held_requests,
+            oldest_hold,
             scrapes,
             stale,
             unreachable,

@@ -145,6 +145,13 @@ pub struct Report {
     pub ttft_p99_seconds: Option<f64>,
     /// Each DP rank's share of the tokens scheduled between the scrapes.
     pub dp_token_share: Vec<f64>,
+    /// Requests a gateway holds (`ballast gateway`'s own exposition): capacity-waiting
+    /// that no replica counts yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_requests: Option<f64>,
+    /// The longest of those holds, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_hold_seconds: Option<f64>,
     /// Every signal without a value, and why.
     pub absent: Vec<Absent>,
 }
@@ -314,6 +321,11 @@ fn report(
     previous: Option<(&str, Instant)>,
 ) -> Result<Report, SignalsError> {
     let exp = parse(text);
+    if asked.is_none()
+        && let Some((held, oldest)) = crate::scrape::held::read(text.as_bytes())
+    {
+        return Ok(gateway_report(source, exp.errors(), held, oldest));
+    }
     let dialect = match asked {
         Some(d) => Dialect::from(d),
         None => detect(&exp).ok_or_else(|| {
@@ -366,10 +378,37 @@ fn report(
             .as_ref()
             .map(|(r, _)| r.dp_token_share.clone())
             .unwrap_or_default(),
+        held_requests: None,
+        oldest_hold_seconds: None,
         absent: Vec::new(),
     };
     report.absent = absences(dialect, &sample, &report);
     Ok(report)
+}
+
+/// The report of a gateway picker's exposition: what it holds, the demand the operator
+/// adds to capacity-waiting.
+fn gateway_report(source: &str, unreadable: usize, held: f64, oldest: f64) -> Report {
+    Report {
+        source: source.to_string(),
+        dialect: "gateway",
+        detected: true,
+        unreadable,
+        running: None,
+        capacity_waiting: None,
+        deferred_waiting: None,
+        kv_cache_usage_max: None,
+        kv_cache_usage_by_rank: BTreeMap::new(),
+        admission_rejections_total: None,
+        admission_rejections_by_series: BTreeMap::new(),
+        interval_seconds: None,
+        admission_rejections_per_second: None,
+        ttft_p99_seconds: None,
+        dp_token_share: Vec::new(),
+        held_requests: Some(held),
+        oldest_hold_seconds: Some(oldest),
+        absent: Vec::new(),
+    }
 }
 
 /// Every signal of `report` without a value, and why.
@@ -462,6 +501,15 @@ pub fn render(r: &Report) -> String {
     let mut row = |k: &str, v: String| {
         let _ = writeln!(out, "  {k:<34} {v}");
     };
+    if let Some(held) = r.held_requests {
+        row("held by the gateway", num(Some(held)));
+        row("oldest hold (s)", num(r.oldest_hold_seconds));
+        let _ = writeln!(
+            out,
+            "  (the operator counts held requests as waiting for capacity)"
+        );
+        return out;
+    }
     row("running", num(r.running));
     row("waiting for capacity", num(r.capacity_waiting));
     row("deferred by tenant caps", num(r.deferred_waiting));
@@ -510,6 +558,20 @@ pub fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gateways_exposition_reads_as_its_held_requests() {
+        let text = "ballast_gateway_endpoints 0\nballast_gateway_held_requests{pool=\"chat\"} 4\nballast_gateway_oldest_hold_seconds{pool=\"chat\"} 2.25\n";
+        let r = report("picker", None, text, None).unwrap();
+        assert_eq!(r.dialect, "gateway");
+        assert_eq!(
+            (r.held_requests, r.oldest_hold_seconds),
+            (Some(4.0), Some(2.25))
+        );
+        let table = render(&r);
+        assert!(table.contains("held by the gateway"), "{table}");
+        assert!(table.contains("2.2500"), "{table}");
+    }
 
     #[test]
     fn a_url_without_a_path_means_its_metrics() {

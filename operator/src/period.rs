@@ -37,6 +37,9 @@ pub struct Replicas {
     pub starting: usize,
     /// Ready replicas out of rotation now, as the runtime reads them back.
     pub out_of_rotation: BTreeSet<String>,
+    /// The metrics endpoints of the service's ready gateway pickers, whose held requests
+    /// are demand ([`crate::scrape::held`]); empty without a gateway.
+    pub pickers: Vec<Target>,
 }
 
 /// What one period produced.
@@ -80,6 +83,8 @@ pub struct ControlPeriod {
     scraped_at: Option<SystemTime>,
     /// The API key scrapes carry (`spec.auth`), if any.
     scrape_key: Option<ScrapeKey>,
+    /// The scraper of the gateway pickers' `/metrics`, once there are pickers.
+    pickers: Option<Scraper>,
 }
 
 impl ControlPeriod {
@@ -101,6 +106,7 @@ impl ControlPeriod {
             recommended: None,
             scraped_at: None,
             scrape_key: None,
+            pickers: None,
         }
     }
 
@@ -164,6 +170,7 @@ impl ControlPeriod {
             key: self.scrape_key.clone(),
             ..ScrapeConfig::from_spec(&spec.metrics)
         };
+        let timeout = config.timeout;
         if self.scraper.as_ref().is_some_and(|(c, _)| *c != config) {
             self.scraper = None;
         }
@@ -189,9 +196,21 @@ impl ControlPeriod {
             }
         }
         let seeding = self.tracker.tracked() == 0 && outcomes.iter().any(|o| o.result.is_ok());
-        let fleet = self
+        let held = if replicas.pickers.is_empty() {
+            None
+        } else {
+            let pickers = self.pickers.get_or_insert_with(|| {
+                Scraper::new(ScrapeConfig {
+                    timeout,
+                    ..ScrapeConfig::default()
+                })
+            });
+            pickers.held(&replicas.pickers).await
+        };
+        let mut fleet = self
             .tracker
             .observe_outcomes(Instant::now(), &outcomes, replicas.starting);
+        fleet.add_held(held);
         self.last_fleet = Some(fleet.clone());
         if seeding {
             return Period::Seeded(fleet);

@@ -136,6 +136,18 @@ pub struct ReplicaSignals {
     pub dp_token_share: Vec<f64>,
 }
 
+/// What a service's gateway pickers hold, over those that answered
+/// ([`crate::scrape::held`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Held {
+    /// Requests held, summed over the pickers.
+    pub requests: f64,
+    /// The longest hold among them, in seconds.
+    pub oldest_seconds: f64,
+    /// Pickers that answered with the gauges.
+    pub pickers: usize,
+}
+
 /// The fleet as the decision core sees it in one control period.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FleetSignals {
@@ -145,7 +157,8 @@ pub struct FleetSignals {
     pub ready: usize,
     /// Replicas created but not ready yet (starting, loading the model).
     pub starting: usize,
-    /// Σ capacity-waiting over reporting replicas.
+    /// Σ capacity-waiting over reporting replicas, plus the requests the service's
+    /// gateway holds ([`held_requests`](Self::held_requests)).
     pub capacity_waiting: Option<f64>,
     /// Σ deferred over reporting replicas.
     pub deferred_waiting: Option<f64>,
@@ -164,9 +177,27 @@ pub struct FleetSignals {
     /// period, or a runtime that does not tell). A family absent from a known set is not
     /// exported by these replicas.
     pub exported: Option<BTreeSet<Family>>,
+    /// Requests the service's gateway pickers hold (summed), waiting for capacity that no
+    /// replica counts; `None` without a gateway, or when no picker answered.
+    pub held_requests: Option<f64>,
+    /// The longest a request the pickers hold has been held, in seconds.
+    pub oldest_hold_seconds: Option<f64>,
 }
 
 impl FleetSignals {
+    /// Adds what the gateway holds: its requests count as capacity-waiting (with no
+    /// replica behind them, so even with none reporting).
+    pub fn add_held(&mut self, held: Option<Held>) {
+        let Some(h) = held else {
+            return;
+        };
+        self.held_requests = Some(h.requests);
+        self.oldest_hold_seconds = Some(h.oldest_seconds);
+        if h.requests > 0.0 || self.capacity_waiting.is_some() {
+            self.capacity_waiting = Some(self.capacity_waiting.unwrap_or(0.0) + h.requests);
+        }
+    }
+
     /// Replicas that reported.
     pub fn reporting(&self) -> usize {
         self.replicas.len()
@@ -185,5 +216,43 @@ impl FleetSignals {
             .iter()
             .filter(|r| r.rejections_per_second.is_some())
             .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_requests_are_capacity_waiting_even_with_no_replica() {
+        let held = |requests: f64| {
+            Some(Held {
+                requests,
+                oldest_seconds: 2.5,
+                pickers: 1,
+            })
+        };
+        // No replica at all: the held requests are the whole of capacity-waiting.
+        let mut none = FleetSignals::default();
+        none.add_held(held(3.0));
+        assert_eq!(none.capacity_waiting, Some(3.0));
+        assert_eq!(none.held_requests, Some(3.0));
+        assert_eq!(none.oldest_hold_seconds, Some(2.5));
+        // Replicas waiting too: added.
+        let mut some = FleetSignals {
+            capacity_waiting: Some(4.0),
+            ..FleetSignals::default()
+        };
+        some.add_held(held(3.0));
+        assert_eq!(some.capacity_waiting, Some(7.0));
+        // Nothing held and nothing reported: still unknown, not 0.
+        let mut idle = FleetSignals::default();
+        idle.add_held(held(0.0));
+        assert_eq!(idle.capacity_waiting, None);
+        assert_eq!(idle.held_requests, Some(0.0));
+        // No gateway: nothing changes.
+        let mut plain = FleetSignals::default();
+        plain.add_held(None);
+        assert_eq!(plain, FleetSignals::default());
     }
 }

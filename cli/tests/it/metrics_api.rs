@@ -225,6 +225,7 @@ fn the_metrics_apis_through_the_aggregation_layer() {
             "inferenceservices.ballast.dev/admission_rejections_per_second_per_replica",
             "inferenceservices.ballast.dev/capacity_waiting_per_replica",
             "inferenceservices.ballast.dev/deferred_waiting",
+            "inferenceservices.ballast.dev/held_requests",
             "inferenceservices.ballast.dev/kv_cache_usage",
             "inferenceservices.ballast.dev/recommended_replicas",
             "inferenceservices.ballast.dev/ttft_p99_seconds",
@@ -234,7 +235,7 @@ fn the_metrics_apis_through_the_aggregation_layer() {
     );
     let ext: Value =
         serde_json::from_str(&cp.kubectl(&["get", "--raw", EXTERNAL]).unwrap()).unwrap();
-    assert_eq!(ext["resources"].as_array().unwrap().len(), 6, "{ext}");
+    assert_eq!(ext["resources"].as_array().unwrap().len(), 7, "{ext}");
     assert!(
         ext["resources"]
             .as_array()
@@ -276,7 +277,7 @@ fn the_metrics_apis_through_the_aggregation_layer() {
             .map(|r| r.name)
             .collect::<Vec<_>>()
     });
-    assert_eq!(kube_names.len(), 8, "{kube_names:?}");
+    assert_eq!(kube_names.len(), 9, "{kube_names:?}");
     assert!(kube_names.contains(&"inferenceservices.ballast.dev/recommended_replicas".to_string()));
 
     // An InferenceService with no pod running yet (no node here): its metrics are absent,

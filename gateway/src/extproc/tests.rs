@@ -413,10 +413,14 @@ fn a_saturated_pool_sheds_the_sheddable_and_holds_the_rest_within_bounds() {
     assert_eq!(answer_headers["retry-after"], "2");
 
     // Not sheddable: held, two at most (the queue's bound in these tests).
+    assert_eq!(s.oldest_hold(), None);
     let mut a = Exchange::new(&s);
     a.on(post());
+    let before_a = Instant::now();
     let step = a.on(body(b"{}", true));
     assert!(step.hold && step.replies.is_empty());
+    let first = s.oldest_hold().expect("a request is held");
+    assert!(first >= before_a);
     let mut b = Exchange::new(&s);
     b.on(headers(
         &[(":method", "POST"), ("x-ballast-priority", "3")],
@@ -431,8 +435,15 @@ fn a_saturated_pool_sheds_the_sheddable_and_holds_the_rest_within_bounds() {
     let step = c.on(body(b"{}", true));
     assert!(!step.hold);
     destination(&step.replies[0]);
+    assert_eq!(
+        s.oldest_hold(),
+        Some(first),
+        "the oldest hold is the first one's"
+    );
     // A held request released is routed, as saturated.
     let step = a.release(Instant::now());
+    let second = s.oldest_hold().expect("b is still held");
+    assert!(second >= first, "the oldest hold is now b's");
     let dest = destination(&step.replies[0]);
     assert_eq!(chunks(&step.replies[1..]), vec![(b"{}".to_vec(), true)]);
     assert_eq!(
@@ -457,6 +468,7 @@ fn a_saturated_pool_sheds_the_sheddable_and_holds_the_rest_within_bounds() {
     assert_eq!(b.closed(), "abandoned");
     drop(b);
     assert_eq!(s.held.load(Ordering::Relaxed), 0);
+    assert_eq!(s.oldest_hold(), None, "nothing held, no oldest hold");
     assert_eq!(s.metrics.queue_length.get(), 0);
     assert_eq!(s.metrics.queue_wait.get_sample_count(), 1);
     assert_eq!(refused(&s, "429", "shed"), 1);

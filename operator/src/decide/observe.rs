@@ -27,6 +27,8 @@ pub(crate) fn sanitized(fleet: &FleetSignals) -> Signals {
         kv_cache_usage: ratio(fleet.kv_usage),
         admission_rejections_per_second: count(fleet.rejections_per_second_per_replica),
         ttft_p99_seconds: count(fleet.ttft_p99_seconds),
+        held_requests: count(fleet.held_requests),
+        oldest_hold_seconds: count(fleet.oldest_hold_seconds),
     }
 }
 

@@ -247,6 +247,7 @@ impl Supervisor {
                 .filter_map(|r| Some(Target::new(r.name.clone(), r.base_url()?)))
                 .collect(),
             starting: self.fleet.counts().starting.max(0) as usize,
+            pickers: Vec::new(),
             out_of_rotation: ready()
                 .filter(|r| !r.accepting)
                 .map(|r| r.name.clone())

@@ -638,13 +638,14 @@ mod tests {
             .iter()
             .map(|r| r["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names.len(), 8);
+        assert_eq!(names.len(), 9);
         assert!(names.contains(&"inferenceservices.ballast.dev/recommended_replicas"));
+        assert!(names.contains(&"inferenceservices.ballast.dev/held_requests"));
         assert!(names.contains(&"pods/capacity_waiting"));
         assert_eq!(list["resources"][0]["kind"], "MetricValueList");
         assert_eq!(list["resources"][0]["verbs"], json!(["get"]));
         let ext = get("/apis/external.metrics.k8s.io/v1beta1", None).unwrap();
-        assert_eq!(ext["resources"].as_array().unwrap().len(), 6);
+        assert_eq!(ext["resources"].as_array().unwrap().len(), 7);
         assert_eq!(ext["resources"][0]["kind"], "ExternalMetricValueList");
         assert_eq!(
             get("/apis", None).unwrap()["groups"]

@@ -38,17 +38,22 @@ pub enum Metric {
     RecommendedReplicas,
     /// One pod's requests waiting for capacity.
     CapacityWaiting,
+    /// Requests the service's gateway holds (`spec.gateway`): demand with no replica
+    /// behind it, also at zero replicas. Already counted in
+    /// `capacity_waiting_per_replica`.
+    HeldRequests,
 }
 
 impl Metric {
     /// The metrics of an InferenceService (custom Object metrics and external metrics).
-    pub const SERVICE: [Metric; 6] = [
+    pub const SERVICE: [Metric; 7] = [
         Metric::CapacityWaitingPerReplica,
         Metric::KvCacheUsage,
         Metric::AdmissionRejectionsPerSecondPerReplica,
         Metric::DeferredWaiting,
         Metric::TtftP99Seconds,
         Metric::RecommendedReplicas,
+        Metric::HeldRequests,
     ];
 
     /// The metrics of one engine pod (custom Pods metrics).
@@ -66,6 +71,7 @@ impl Metric {
             Metric::TtftP99Seconds => "ttft_p99_seconds",
             Metric::RecommendedReplicas => "recommended_replicas",
             Metric::CapacityWaiting => "capacity_waiting",
+            Metric::HeldRequests => "held_requests",
         }
     }
 
@@ -104,7 +110,8 @@ pub struct Record {
     /// The labels of the service's engine pods, for `labelSelector`s of Pods metrics.
     pub pod_labels: BTreeMap<String, String>,
     /// Requests running or waiting (for capacity or behind a tenant cap) over the replicas
-    /// that reported; `None` when none did. KEDA's `IsActive` reads it.
+    /// that reported, plus those the gateway holds; `None` when neither reported. KEDA's
+    /// `IsActive` reads it.
     pub in_flight: Option<f64>,
 }
 
@@ -155,6 +162,7 @@ impl Record {
                 .or((fleet.ttft_p99_seconds.is_none() && idle).then_some(0.0));
             put(Metric::TtftP99Seconds, ttft);
         }
+        put(Metric::HeldRequests, count(fleet.held_requests));
         if reporting > 0 {
             put(
                 Metric::RecommendedReplicas,
@@ -182,13 +190,15 @@ impl Record {
                 }
             })
             .collect();
-        let in_flight = (reporting > 0).then(|| {
-            fleet
+        let held = count(fleet.held_requests);
+        let in_flight = (reporting > 0 || held.is_some()).then(|| {
+            let engines: f64 = fleet
                 .replicas
                 .iter()
                 .map(|r| r.running + r.capacity_waiting + r.deferred_waiting)
                 .filter(|x| x.is_finite() && *x >= 0.0)
-                .sum()
+                .sum();
+            engines + held.unwrap_or(0.0)
         });
         Record {
             scraped_at,
@@ -290,6 +300,7 @@ mod tests {
             kv_cache_usage: Some(0.7),
             admission_rejections_per_second: Some(0.25),
             ttft_p99_seconds: Some(0.4),
+            ..Signals::default()
         }
     }
 
@@ -302,6 +313,26 @@ mod tests {
             Duration::from_secs(5),
             BTreeMap::new(),
         )
+    }
+
+    #[test]
+    fn held_requests_are_served_also_at_zero_replicas() {
+        let zero = FleetSignals {
+            held_requests: Some(5.0),
+            capacity_waiting: Some(5.0),
+            ..FleetSignals::default()
+        };
+        let r = record(&zero, &Signals::default());
+        assert_eq!(r.values.get(&Metric::HeldRequests), Some(&5.0));
+        assert_eq!(
+            r.in_flight,
+            Some(5.0),
+            "KEDA's IsActive sees the held requests"
+        );
+        assert!(!r.values.contains_key(&Metric::RecommendedReplicas));
+        let none = record(&FleetSignals::default(), &Signals::default());
+        assert!(!none.values.contains_key(&Metric::HeldRequests));
+        assert_eq!(none.in_flight, None);
     }
 
     #[test]

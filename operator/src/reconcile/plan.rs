@@ -54,7 +54,29 @@ pub fn replicas(isvc: &InferenceService, snapshot: &Snapshot) -> Replicas {
         targets: targets(isvc, snapshot),
         starting: snapshot.counts().starting.max(0) as usize,
         out_of_rotation: snapshot.out_of_rotation(),
+        pickers: picker_targets(isvc, snapshot),
     }
+}
+
+/// The metrics endpoints of the ready gateway pickers, while `spec.gateway` is on.
+pub fn picker_targets(isvc: &InferenceService, snapshot: &Snapshot) -> Vec<Target> {
+    if !isvc.spec.gateway.enabled {
+        return Vec::new();
+    }
+    let port = super::gateway::METRICS_PORT;
+    snapshot
+        .gateway
+        .pickers
+        .iter()
+        .map(|(name, ip)| {
+            let host = if ip.contains(':') {
+                format!("[{ip}]")
+            } else {
+                ip.clone()
+            };
+            Target::new(name.clone(), format!("http://{host}:{port}"))
+        })
+        .collect()
 }
 
 /// Step 3: runs the control period if due (or decides again for a changed spec) and

@@ -254,6 +254,8 @@ pub struct GatewayLive {
     pub pdb: Option<Arc<PodDisruptionBudget>>,
     /// Picker pods that are Ready and not leaving.
     pub ready_pickers: i32,
+    /// Those pods' names and IPs (the operator reads their held requests).
+    pub pickers: Vec<(String, String)>,
 }
 
 impl Default for GatewayLive {
@@ -267,6 +269,7 @@ impl Default for GatewayLive {
             service: None,
             pdb: None,
             ready_pickers: 0,
+            pickers: Vec::new(),
         }
     }
 }
@@ -286,10 +289,10 @@ impl GatewayLive {
     /// Reads the gateway of service `name` in `ns` from the caches.
     pub async fn read(cache: &Cache, ns: &str, name: &str) -> Result<GatewayLive, kube::Error> {
         let picker = super::names::picker_name(name);
-        let ready_pickers = cache
+        let ready: Vec<Arc<Pod>> = cache
             .picker_pods(ns, name)
             .await?
-            .iter()
+            .into_iter()
             .filter(|p| {
                 p.metadata.deletion_timestamp.is_none()
                     && p.status
@@ -299,7 +302,21 @@ impl GatewayLive {
                             cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
                         })
             })
-            .count() as i32;
+            .collect();
+        let mut pickers: Vec<(String, String)> = ready
+            .iter()
+            .filter_map(|p| {
+                let ip = p
+                    .status
+                    .as_ref()?
+                    .pod_ip
+                    .clone()
+                    .filter(|ip| !ip.is_empty())?;
+                Some((p.name_any(), ip))
+            })
+            .collect();
+        pickers.sort();
+        let ready_pickers = ready.len() as i32;
         Ok(GatewayLive {
             pool: cache.inference_pool(ns, name).await?,
             service_account: cache.service_account(ns, &picker).await?,
@@ -309,6 +326,7 @@ impl GatewayLive {
             service: cache.service(ns, &picker).await?,
             pdb: cache.pdb(ns, &picker).await?,
             ready_pickers,
+            pickers,
         })
     }
 }

@@ -232,6 +232,8 @@ fn fleet(
         rejections_per_second_per_replica: rejections,
         ttft_p99_seconds: ttft.and_then(|b| histogram_quantile(TTFT_QUANTILE, &b)),
         exported: None,
+        held_requests: None,
+        oldest_hold_seconds: None,
         replicas: reporting.into_iter().map(|(_, r)| r).collect(),
     }
 }

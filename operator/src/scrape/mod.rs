@@ -29,6 +29,7 @@ pub mod aggregate;
 pub mod dialect;
 mod error;
 mod fetch;
+pub mod held;
 mod key;
 pub mod parser;
 

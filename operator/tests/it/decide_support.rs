@@ -79,6 +79,8 @@ pub fn fleet(replicas: Vec<ReplicaSignals>) -> FleetSignals {
         ttft_p99_seconds: None,
         // Not known: every signal counts as exported.
         exported: None,
+        held_requests: None,
+        oldest_hold_seconds: None,
         replicas,
     }
 }

@@ -470,3 +470,41 @@ async fn only_http_targets_are_scraped() {
     assert_eq!(e.reason(), "connect");
     assert!(e.to_string().contains("only http://"), "{e}");
 }
+
+/// The held requests of a service's pickers: summed over those that answer, the longest
+/// hold kept; a picker that is down or not a gateway adds nothing, and with none
+/// answering the demand is unknown (`None`), never 0.
+#[tokio::test]
+async fn held_requests_are_summed_over_the_pickers_that_answer() {
+    let picker = |held: u32, oldest: f64| {
+        Router::new().route(
+            "/metrics",
+            get(move || async move {
+                format!(
+                    "# TYPE ballast_gateway_held_requests gauge\nballast_gateway_held_requests{{pool=\"chat\"}} {held}\n# TYPE ballast_gateway_oldest_hold_seconds gauge\nballast_gateway_oldest_hold_seconds{{pool=\"chat\"}} {oldest}\n"
+                )
+            }),
+        )
+    };
+    let a = serve(picker(3, 1.5)).await;
+    let b = serve(picker(2, 4.0)).await;
+    let engine = serve(Router::new().route("/metrics", get(|| async { BODY }))).await;
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let s = scraper(500, 1 << 20, 4);
+    let targets = |bases: &[&str]| -> Vec<Target> {
+        bases
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Target::new(format!("p{i}"), *b))
+            .collect()
+    };
+    let held = s.held(&targets(&[&a, &b, &down, &engine])).await.unwrap();
+    assert_eq!(held.requests, 5.0);
+    assert_eq!(held.oldest_seconds, 4.0);
+    assert_eq!(held.pickers, 2);
+    assert_eq!(s.held(&targets(&[&down, &engine])).await, None);
+    assert_eq!(s.held(&[]).await, None);
+}
