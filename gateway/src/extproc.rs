@@ -89,6 +89,13 @@ pub struct ProcessorConfig {
     pub queue_timeout: Duration,
     /// How prompts are cut into blocks for prefix affinity.
     pub blocking: Blocking,
+    /// Most requests held while the pool has no endpoint at all (a fleet scaled to zero,
+    /// or not up yet); past it, 503 with `Retry-After`.
+    pub hold_max: usize,
+    /// Most request-body bytes held, over those requests; past it, 503.
+    pub hold_max_bytes: usize,
+    /// Longest a request is held for want of any endpoint; then 503.
+    pub hold_timeout: Duration,
 }
 
 /// What every stream shares.
@@ -100,8 +107,11 @@ pub struct Shared {
     pub config: ProcessorConfig,
     /// The gateway's metrics.
     pub metrics: Arc<GatewayMetrics>,
-    /// Requests held now.
+    /// Requests held now, for either reason.
     pub held: AtomicUsize,
+    /// Requests held now for want of any endpoint, and their body bytes.
+    held_empty: AtomicUsize,
+    held_bytes: AtomicUsize,
     /// When each held request was held, by a number of its own: the oldest hold's age is
     /// demand the operator reads (`ballast_gateway_oldest_hold_seconds`).
     holds: Mutex<BTreeSet<(Instant, u64)>>,
@@ -116,6 +126,8 @@ impl Shared {
             config,
             metrics,
             held: AtomicUsize::new(0),
+            held_empty: AtomicUsize::new(0),
+            held_bytes: AtomicUsize::new(0),
             holds: Mutex::new(BTreeSet::new()),
             next_hold: AtomicU64::new(0),
         }
@@ -215,18 +227,34 @@ async fn hold(
     exchange: &mut Exchange<'_>,
     inbound: &mut Streaming<ProcessingRequest>,
 ) -> Option<Step> {
-    let deadline = tokio::time::Instant::now() + shared.config.queue_timeout;
+    let empty = exchange.held_for_empty();
+    let timeout = if empty {
+        shared.config.hold_timeout
+    } else {
+        shared.config.queue_timeout
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         // Registered before the check, so a change between the two is not missed.
         let changed = shared.pool.changed().notified();
         let mut changed = std::pin::pin!(changed);
         changed.as_mut().enable();
-        if !shared.pool.saturated(exchange.subset(), Instant::now()) {
+        let waiting = if empty {
+            shared.pool.len() == 0
+        } else {
+            shared.pool.saturated(exchange.subset(), Instant::now())
+        };
+        if !waiting {
             break;
         }
         tokio::select! {
             _ = &mut changed => {}
-            _ = tokio::time::sleep_until(deadline) => break,
+            _ = tokio::time::sleep_until(deadline) => {
+                if empty {
+                    return Some(exchange.expire(Instant::now()));
+                }
+                break;
+            }
             message = inbound.message() => match message {
                 // Nothing else is expected before the answer; what comes changes nothing.
                 Ok(Some(m)) => {
@@ -281,6 +309,8 @@ pub struct Exchange<'a> {
     held: Option<(Option<Vec<u8>>, bool, Instant)>,
     /// Its entry in [`Shared`]'s holds while held.
     hold: Option<(Instant, u64)>,
+    /// Held for want of any endpoint (not for saturation): the body bytes it holds.
+    empty_hold: Option<usize>,
     /// The block hashes of its prompt (empty: none read).
     prompt: Vec<u64>,
 }
@@ -297,6 +327,7 @@ impl<'a> Exchange<'a> {
             priority: 0,
             held: None,
             hold: None,
+            empty_hold: None,
             prompt: Vec::new(),
         }
     }
@@ -424,6 +455,9 @@ impl<'a> Exchange<'a> {
             self.prompt =
                 prefix::block_hashes(routing.model.as_deref(), &routing.prompt, config.blocking);
         }
+        if self.shared.pool.len() == 0 {
+            return self.hold_for_empty(body, trailers, started);
+        }
         if !self.shared.pool.saturated(self.subset(), started) {
             return self.pick(body, trailers, started, false);
         }
@@ -449,22 +483,89 @@ impl<'a> Exchange<'a> {
         }
     }
 
+    /// A request that finds no endpoint at all: held (the pool may be scaling from zero)
+    /// within `--hold-max` requests and `--hold-max-bytes`, else 503 with `Retry-After`.
+    fn hold_for_empty(&mut self, body: Option<Vec<u8>>, trailers: bool, started: Instant) -> Step {
+        let config = &self.shared.config;
+        let bytes = body.as_ref().map_or(0, Vec::len);
+        let count_ok = self
+            .shared
+            .held_empty
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < config.hold_max).then_some(n + 1)
+            })
+            .is_ok();
+        let bytes_ok = count_ok
+            && self
+                .shared
+                .held_bytes
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n + bytes <= config.hold_max_bytes).then_some(n + bytes)
+                })
+                .is_ok();
+        if !bytes_ok {
+            if count_ok {
+                self.shared.held_empty.fetch_sub(1, Ordering::Relaxed);
+            }
+            let r = Refusal::no_endpoint(
+                "hold_full",
+                "no endpoint is ready and the gateway holds as many requests as it may; retry later",
+                config.retry_after_secs,
+            );
+            return self.refuse(r, started);
+        }
+        self.shared.held.fetch_add(1, Ordering::Relaxed);
+        self.shared.metrics.queue_length.inc();
+        self.hold = Some((started, self.shared.start_hold(started)));
+        self.empty_hold = Some(bytes);
+        self.phase = Phase::Held;
+        self.held = Some((body, trailers, started));
+        Step {
+            hold: true,
+            ..Step::default()
+        }
+    }
+
+    /// Whether the request is held for want of any endpoint (not for saturation).
+    pub fn held_for_empty(&self) -> bool {
+        self.empty_hold.is_some()
+    }
+
+    /// A request held for want of any endpoint that waited `--hold-timeout-ms`: 503.
+    pub fn expire(&mut self, now: Instant) -> Step {
+        let Some((_, _, held_at)) = self.held.take() else {
+            return Step::default();
+        };
+        self.unhold();
+        let r = Refusal::no_endpoint(
+            "hold_timeout",
+            "no endpoint became ready while the request was held; retry later",
+            self.shared.config.retry_after_secs,
+        );
+        self.refuse(r, held_at.min(now))
+    }
+
     /// A held request sent on: the pool is no longer saturated, or it waited its longest.
     pub fn release(&mut self, now: Instant) -> Step {
         let Some((body, trailers, held_at)) = self.held.take() else {
             return Step::default();
         };
+        let saturated = !self.held_for_empty();
         self.unhold();
         self.shared
             .metrics
             .queue_wait
             .observe(now.saturating_duration_since(held_at).as_secs_f64());
-        self.pick(body, trailers, now, true)
+        self.pick(body, trailers, now, saturated)
     }
 
     fn unhold(&mut self) {
         if let Some((at, id)) = self.hold.take() {
             self.shared.end_hold(at, id);
+        }
+        if let Some(bytes) = self.empty_hold.take() {
+            self.shared.held_empty.fetch_sub(1, Ordering::Relaxed);
+            self.shared.held_bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
         self.shared.held.fetch_sub(1, Ordering::Relaxed);
         self.shared.metrics.queue_length.dec();

@@ -201,6 +201,21 @@ pub struct GatewayArgs {
     /// it is sent on.
     #[arg(long, env = "BALLAST_GATEWAY_QUEUE_TIMEOUT_MS", default_value_t = 2000)]
     pub queue_timeout_ms: u64,
+    /// Most requests held while the pool has no endpoint at all (scaled to zero, or not
+    /// up yet); past it, 503 with `Retry-After`.
+    #[arg(long, env = "BALLAST_GATEWAY_HOLD_MAX", default_value_t = 1024)]
+    pub hold_max: usize,
+    /// Most request-body bytes held over those requests; past it, 503.
+    #[arg(long, env = "BALLAST_GATEWAY_HOLD_MAX_BYTES", default_value_t = 64 << 20)]
+    pub hold_max_bytes: usize,
+    /// Longest a request is held for want of any endpoint, in milliseconds (a cold start:
+    /// a pod scheduled, its image pulled, its model loaded); then 503.
+    #[arg(
+        long,
+        env = "BALLAST_GATEWAY_HOLD_TIMEOUT_MS",
+        default_value_t = 240_000
+    )]
+    pub hold_timeout_ms: u64,
 }
 
 impl GatewayArgs {
@@ -295,6 +310,17 @@ pub async fn run(
         return Err(GatewayError::Args(
             "--max-body-bytes must be at least 1".into(),
         ));
+    }
+    for (flag, v) in [
+        ("--hold-max", args.hold_max as u64),
+        ("--hold-max-bytes", args.hold_max_bytes as u64),
+        ("--hold-timeout-ms", args.hold_timeout_ms),
+    ] {
+        if v == 0 {
+            return Err(GatewayError::Args(format!(
+                "{flag} must be at least 1: with 0 no request could wait for an endpoint (a fleet scaling from zero would lose every one)"
+            )));
+        }
     }
     if args.prefix_block_bytes == 0 {
         return Err(GatewayError::Args(
@@ -427,6 +453,9 @@ pub async fn run(
             priority_header: args.priority_header.to_ascii_lowercase(),
             queue_max: args.queue_max,
             queue_timeout: Duration::from_millis(args.queue_timeout_ms),
+            hold_max: args.hold_max,
+            hold_max_bytes: args.hold_max_bytes,
+            hold_timeout: Duration::from_millis(args.hold_timeout_ms),
             blocking: Blocking {
                 block_bytes: args.prefix_block_bytes,
                 max_blocks: args.prefix_max_blocks,

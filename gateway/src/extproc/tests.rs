@@ -25,6 +25,9 @@ fn shared(ports: &[u16], models: &[&str]) -> Shared {
             priority_header: "x-ballast-priority".into(),
             queue_max: 2,
             queue_timeout: Duration::from_millis(50),
+            hold_max: 2,
+            hold_max_bytes: 1000,
+            hold_timeout: Duration::from_millis(50),
             blocking: Blocking::default(),
         },
         Arc::new(GatewayMetrics::new()),
@@ -269,14 +272,67 @@ fn malformed_json_is_a_400_and_an_unknown_model_a_404() {
 }
 
 #[test]
-fn an_empty_pool_is_a_503_with_retry_after() {
+fn an_empty_pool_holds_within_its_bounds_and_sends_on_when_an_endpoint_comes() {
     let s = shared(&[], &[]);
-    let mut x = Exchange::new(&s);
-    x.on(post());
-    let (status, headers, json) = immediate_of(&x.on(body(b"{}", true)));
-    assert_eq!(status, 503);
+    // Held: the pool may be scaling from zero. Two at most here (`--hold-max`).
+    let mut a = Exchange::new(&s);
+    a.on(post());
+    let step = a.on(body(b"{}", true));
+    assert!(step.hold && step.replies.is_empty());
+    assert!(a.held_for_empty());
+    let mut b = Exchange::new(&s);
+    b.on(post());
+    assert!(b.on(body(b"{}", true)).hold);
+    assert_eq!(
+        s.held.load(Ordering::Relaxed),
+        2,
+        "held requests are demand"
+    );
+    assert!(s.oldest_hold().is_some());
+    let mut c = Exchange::new(&s);
+    c.on(post());
+    let (status, headers, json) = immediate_of(&c.on(body(b"{}", true)));
+    assert_eq!(
+        (status, json["error"]["code"].as_str()),
+        (503, Some("hold_full"))
+    );
     assert_eq!(headers["retry-after"], "2");
-    assert_eq!(json["error"]["code"], "no_endpoints");
+    // One that waited its longest is a 503 too, and leaves the hold.
+    let step = b.expire(Instant::now());
+    let (status, _, json) = immediate_of(&step);
+    assert_eq!(
+        (status, json["error"]["code"].as_str()),
+        (503, Some("hold_timeout"))
+    );
+    assert_eq!(s.held.load(Ordering::Relaxed), 1);
+    // More bytes than `--hold-max-bytes` (1000 here): refused, nothing held.
+    let mut big = Exchange::new(&s);
+    big.on(post());
+    let large = format!("{{\"prompt\":\"{}\"}}", "x".repeat(1200));
+    let (status, _, json) = immediate_of(&big.on(body(large.as_bytes(), true)));
+    assert_eq!(
+        (status, json["error"]["code"].as_str()),
+        (503, Some("hold_full"))
+    );
+    assert_eq!(s.held.load(Ordering::Relaxed), 1);
+    // An endpoint comes: the held request goes there, not counted as saturated.
+    s.pool.set(vec![crate::pool::Endpoint::at(
+        "127.0.0.1:8001".parse().unwrap(),
+    )]);
+    let step = a.release(Instant::now());
+    assert_eq!(destination(&step.replies[0]), "127.0.0.1:8001");
+    assert_eq!(chunks(&step.replies[1..]), vec![(b"{}".to_vec(), true)]);
+    assert_eq!(s.held.load(Ordering::Relaxed), 0);
+    assert_eq!(s.oldest_hold(), None);
+    assert_eq!(
+        s.metrics
+            .picks
+            .with_label_values(&["127.0.0.1:8001", "saturated"])
+            .get(),
+        0
+    );
+    assert_eq!(refused(&s, "503", "hold_full"), 2);
+    assert_eq!(refused(&s, "503", "hold_timeout"), 1);
 }
 
 #[test]

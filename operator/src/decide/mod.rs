@@ -64,7 +64,7 @@ pub use outcome::{
 use ctx::Ctx;
 use explain::list;
 use observe::{Health, Observation, Observed};
-use scale::{ScaleStep, autoscale, follow_spec, into_range, metrics_problem};
+use scale::{ScaleStep, autoscale, follow_spec, from_zero, into_range, metrics_problem};
 
 /// Decides one control period. Pure: the same arguments always give the same outcome.
 pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome {
@@ -104,6 +104,11 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
         follow_spec(&ctx)
     } else if current < min || current > max {
         into_range(&ctx)
+    } else if let Some(held) = signals
+        .held_requests
+        .filter(|h| *h > 0.0 && health == Health::NoReplicas && max > 0)
+    {
+        from_zero(&ctx, held)
     } else {
         autoscale(&ctx)
     };

@@ -52,6 +52,8 @@ pub enum Reason {
     MetricsUnavailable,
     /// Hold: there are no replicas to report (scale from zero needs an external trigger).
     NoReplicas,
+    /// Scale-up from zero: the gateway holds requests and no replica exists to serve them.
+    HeldRequests,
     /// Rebalance: a hot replica taken out of rotation.
     ReplicaHot,
     /// Rebalance: a replica cooled down and returns to rotation.
@@ -88,6 +90,7 @@ impl Reason {
             Reason::MetricsStale => "MetricsStale",
             Reason::MetricsUnavailable => "MetricsUnavailable",
             Reason::NoReplicas => "NoReplicas",
+            Reason::HeldRequests => "HeldRequests",
             Reason::ReplicaHot => "ReplicaHot",
             Reason::ReplicaCooled => "ReplicaCooled",
             Reason::DpImbalance => "DpImbalance",

@@ -115,6 +115,34 @@ pub(super) fn into_range(c: &Ctx) -> ScaleStep {
     )
 }
 
+/// No replica exists and the gateway holds requests: scale to what they need at
+/// `targets.capacityWaitingPerReplica` (1 without that target), at least one, within
+/// `maxReplicas`, at once: no replica can report, so HPA's pipeline has nothing to read
+/// (and HPA itself never scales from zero on its own).
+pub(super) fn from_zero(c: &Ctx, held: f64) -> ScaleStep {
+    let per = c
+        .input
+        .autoscaling
+        .targets
+        .capacity_waiting_per_replica
+        .filter(|t| t.is_finite() && *t > 0.0);
+    let need = per.map_or(1.0, |t| (held / t).ceil());
+    let desired = (need.min(f64::from(c.max.max(1))) as i32).clamp(1, c.max.max(1));
+    ScaleStep {
+        desired,
+        record: Some(desired),
+        ..ScaleStep::hold(
+            c,
+            Reason::HeldRequests,
+            format!(
+                "the gateway holds {} requests and no replica exists: scaling {} → {desired}",
+                num(held),
+                c.current
+            ),
+        )
+    }
+}
+
 /// Why the metrics cannot be acted on, if they cannot.
 pub(super) fn metrics_problem(c: &Ctx) -> Option<(Reason, String)> {
     let f = &c.input.fleet;
@@ -122,7 +150,7 @@ pub(super) fn metrics_problem(c: &Ctx) -> Option<(Reason, String)> {
     let problem = match c.health {
         Health::NoReplicas => (
             Reason::NoReplicas,
-            "no replicas exist, so none reports; scaling from zero needs minReplicas > 0"
+            "no replicas exist, so none reports; requests the gateway holds (spec.gateway) or minReplicas > 0 bring one back"
                 .to_string(),
         ),
         Health::Starting => (

@@ -668,3 +668,39 @@ fn a_scale_up_window_alone_keeps_the_rate_limits() {
     let limited = out.condition(ConditionKind::ScalingLimited).unwrap();
     assert_eq!((limited.status, limited.reason), (true, "ScaleUpLimit"));
 }
+
+/// At zero replicas (minReplicas 0), requests the gateway holds scale the service up at
+/// once, by what they need at `capacityWaitingPerReplica`, within maxReplicas; nothing
+/// held, or no gateway, holds at zero.
+#[test]
+fn held_requests_bring_a_service_back_from_zero() {
+    let sp = capacity_only(4.0, 0, 3);
+    let at_zero = |held: Option<f64>| {
+        let mut f = fleet(Vec::new());
+        f.add_held(held.map(|requests| ballast_operator::signals::Held {
+            requests,
+            oldest_seconds: 1.0,
+            pickers: 1,
+        }));
+        decide(&input(&sp, 0, f), &History::default(), s(0))
+    };
+    let one = at_zero(Some(1.0));
+    assert_eq!(
+        (one.desired_replicas, one.reason),
+        (1, Reason::HeldRequests)
+    );
+    assert_eq!(one.action, Action::ScaleUp);
+    assert!(one.message.contains("holds 1 requests"), "{}", one.message);
+    // 9 held at 4 per replica: 3.
+    assert_eq!(at_zero(Some(9.0)).desired_replicas, 3);
+    // 40 held: capped at maxReplicas 3.
+    assert_eq!(at_zero(Some(40.0)).desired_replicas, 3);
+    for quiet in [Some(0.0), None] {
+        let o = at_zero(quiet);
+        assert_eq!(
+            (o.desired_replicas, o.reason),
+            (0, Reason::NoReplicas),
+            "{quiet:?}"
+        );
+    }
+}
