@@ -240,7 +240,7 @@ async fn hold(
         let mut changed = std::pin::pin!(changed);
         changed.as_mut().enable();
         let waiting = if empty {
-            shared.pool.len() == 0
+            shared.pool.is_empty()
         } else {
             shared.pool.saturated(exchange.subset(), Instant::now())
         };
@@ -455,7 +455,7 @@ impl<'a> Exchange<'a> {
             self.prompt =
                 prefix::block_hashes(routing.model.as_deref(), &routing.prompt, config.blocking);
         }
-        if self.shared.pool.len() == 0 {
+        if self.shared.pool.is_empty() {
             return self.hold_for_empty(body, trailers, started);
         }
         if !self.shared.pool.saturated(self.subset(), started) {
