@@ -64,6 +64,7 @@ use serde::{Deserialize, Serialize};
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0 || (has(self.autoscaling.enabled) && !self.autoscaling.enabled) || (has(self.gateway) && has(self.gateway.enabled) && self.gateway.enabled)").message(MIN_ZERO_NEEDS_GATEWAY))]
 pub struct InferenceServiceSpec {
     /// The model every replica serves.
     pub model: ModelSpec,
@@ -129,6 +130,7 @@ pub struct GatewaySpec {
 }
 
 const GATEWAY_REPLICAS: &str = "gateway.replicas must be 1..16";
+const MIN_ZERO_NEEDS_GATEWAY: &str = "autoscaling.minReplicas: 0 needs gateway.enabled: true: at zero replicas only the gateway holds arriving requests and reports them as demand, so without it nothing would scale the service back up";
 
 /// `endpointPickerRef.failureMode` of an InferencePool.
 #[derive(
@@ -1027,6 +1029,10 @@ impl InferenceServiceSpec {
             "minReportingFraction must be in (0, 1]",
         );
         check((1..=16).contains(&self.gateway.replicas), GATEWAY_REPLICAS);
+        check(
+            !a.enabled || a.min_replicas != 0 || self.gateway.enabled,
+            MIN_ZERO_NEEDS_GATEWAY,
+        );
         if let Some(auth) = &self.auth {
             let r = &auth.api_key_secret_ref;
             check(is_dns_subdomain(&r.name), SECRET_NAME);

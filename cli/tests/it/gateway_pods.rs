@@ -224,6 +224,17 @@ fn the_operator_keeps_an_inference_pool_that_its_picker_reads() {
         }
     };
 
+    // minReplicas 0 without the gateway: refused by the CRD's CEL rule, with the reason.
+    let refused = cp
+        .apply(&format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: zero, namespace: {ns}}}\nspec:\n  model: {{source: '{MODEL}'}}\n  autoscaling: {{minReplicas: 0}}\n"
+        ))
+        .unwrap_err();
+    assert!(
+        refused.contains("minReplicas: 0 needs gateway.enabled"),
+        "{refused}"
+    );
+
     // A real engine whose port the pool targets.
     let engine = spawn_engine(&["--model", MODEL], Log::Inherit);
     let port = addr_of(&engine).port();

@@ -39,3 +39,29 @@ fn good_documents_parse() {
     let docs = parse_yaml(&format!("---\n{GOOD}---\n")).unwrap();
     assert_eq!(docs.len(), 1);
 }
+
+/// `minReplicas: 0` only with the gateway, which alone can bring the service back (the
+/// CRD's CEL rule says the same; `cli/tests/it/gateway_pods.rs` has the API server say it).
+#[test]
+fn zero_min_replicas_needs_the_gateway() {
+    let spec = |extra: &str| {
+        let yaml = format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: chat}}\nspec:\n  model: {{source: 'synthetic:tiny'}}\n{extra}"
+        );
+        ballast_crds::parse_yaml(&yaml).unwrap().remove(0).spec
+    };
+    let errs = spec("  autoscaling: {minReplicas: 0}\n")
+        .validate()
+        .unwrap_err();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("minReplicas: 0 needs gateway.enabled")),
+        "{errs:?}"
+    );
+    spec("  autoscaling: {minReplicas: 0}\n  gateway: {enabled: true}\n")
+        .validate()
+        .unwrap();
+    spec("  autoscaling: {enabled: false, minReplicas: 0}\n")
+        .validate()
+        .unwrap();
+}
