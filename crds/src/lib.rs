@@ -364,6 +364,11 @@ pub struct AutoscalingSpec {
     #[serde(default = "one")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0").message("minReplicas must not be negative"))]
     pub min_replicas: i32,
+    /// With `minReplicas: 0` (and the gateway): seconds without any request (none running,
+    /// waiting, deferred or held by the gateway) after which the service scales to zero.
+    #[serde(default = "default_scale_to_zero_after")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1 && self <= 86400").message("scaleToZeroAfterSeconds must be 1..86400"))]
+    pub scale_to_zero_after_seconds: i32,
     /// Most replicas.
     #[serde(default = "default_max_replicas")]
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxReplicas must be at least 1"))]
@@ -790,6 +795,9 @@ fn default_max_queued_tokens() -> i64 {
 fn default_block_size() -> i32 {
     16
 }
+fn default_scale_to_zero_after() -> i32 {
+    300
+}
 fn default_max_replicas() -> i32 {
     4
 }
@@ -940,6 +948,10 @@ impl InferenceServiceSpec {
         let a = &self.autoscaling;
         check(a.min_replicas >= 0, "minReplicas must not be negative");
         check(a.max_replicas >= 1, "maxReplicas must be at least 1");
+        check(
+            (1..=86400).contains(&a.scale_to_zero_after_seconds),
+            "scaleToZeroAfterSeconds must be 1..86400",
+        );
         check(
             a.min_replicas <= a.max_replicas,
             "minReplicas must not exceed maxReplicas",

@@ -46,6 +46,10 @@ pub struct History {
     pub recommendations: Vec<TimedRecommendation>,
     /// Past scale events, oldest first.
     pub scale_events: Vec<ScaleEvent>,
+    /// The last period the fleet was not known to be idle (a request running, waiting,
+    /// deferred or held, or no usable report): how long it has been idle, for
+    /// `scaleToZeroAfterSeconds`. `None` before the first period.
+    pub busy_at: Option<Duration>,
 }
 
 /// What one decision adds to the [`History`].
@@ -64,6 +68,8 @@ pub struct HistoryUpdate {
     pub keep_recommendations: Duration,
     /// Scale events older than this are no longer looked at (the longest policy period).
     pub keep_scale_events: Duration,
+    /// Whether the fleet was not known to be idle this period.
+    pub busy: bool,
 }
 
 /// Entries kept at most per list, whatever the clock does; at one period a second this
@@ -81,6 +87,9 @@ impl History {
             self.scale_events.push(e);
         }
         let now = update.now;
+        if update.busy || self.busy_at.is_none() {
+            self.busy_at = Some(now);
+        }
         let fresh = |at: Duration, keep: Duration| now.saturating_sub(at) <= keep;
         self.recommendations
             .retain(|r| fresh(r.at, update.keep_recommendations));
@@ -138,6 +147,7 @@ mod tests {
             }),
             keep_recommendations: s(300),
             keep_scale_events: s(15),
+            busy: true,
         };
         h.record(&upd(0, 4, Some((2, 4))), true);
         h.record(&upd(10, 5, Some((4, 5))), false);

@@ -100,6 +100,9 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
         observations: &observations,
         signals: &signals,
     };
+    let idle = health == Health::Ok
+        && input.fleet.replicas.iter().all(observe::is_idle)
+        && signals.held_requests.is_none_or(|h| h == 0.0);
     let step = if !a.enabled {
         follow_spec(&ctx)
     } else if current < min || current > max {
@@ -110,7 +113,7 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
     {
         from_zero(&ctx, held)
     } else {
-        autoscale(&ctx)
+        to_zero_when_idle(&ctx, autoscale(&ctx), idle)
     };
 
     let usable = health == Health::Ok && observations.iter().any(|o| o.compared().is_some());
@@ -162,6 +165,7 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
         keep_recommendations: behavior::window(&behavior.scale_up)
             .max(behavior::window(&behavior.scale_down)),
         keep_scale_events: behavior::longest_period(&behavior),
+        busy: !idle,
     };
 
     Outcome {
@@ -176,6 +180,51 @@ pub fn decide(input: &DecideInput, history: &History, now: Duration) -> Outcome 
         rebalance: rb.plan,
         history: history_update,
     }
+}
+
+/// `minReplicas: 0`: zero replicas only after `scaleToZeroAfterSeconds` without a request
+/// (then at once, whatever the other signals' windows say); before that, never below one.
+fn to_zero_when_idle(c: &Ctx, step: ScaleStep, idle: bool) -> ScaleStep {
+    if c.min != 0 || c.current == 0 {
+        return step;
+    }
+    let after = Duration::from_secs(c.input.autoscaling.scale_to_zero_after_seconds.max(1) as u64);
+    // The period's own idleness counts from the last busy one (or from now, the first).
+    let idle_for = match (idle, c.history.busy_at) {
+        (true, Some(busy)) => c.now.saturating_sub(busy),
+        _ => Duration::ZERO,
+    };
+    if idle && idle_for >= after {
+        return ScaleStep {
+            desired: 0,
+            reason: Reason::ScaledToZero,
+            message: format!(
+                "no request for {}s (scaleToZeroAfterSeconds {}): scaling {} → 0; the gateway holds the next request and brings one back",
+                idle_for.as_secs(),
+                after.as_secs(),
+                c.current
+            ),
+            record: Some(0),
+            ..step
+        };
+    }
+    if step.desired == 0 {
+        let wait = if idle {
+            format!("idle for {}s of {}s", idle_for.as_secs(), after.as_secs())
+        } else {
+            "requests in the fleet".to_string()
+        };
+        return ScaleStep {
+            desired: 1,
+            reason: Reason::IdleBeforeZero,
+            message: format!(
+                "{}; at 1 until zero is due ({wait}, scaleToZeroAfterSeconds)",
+                step.message
+            ),
+            ..step
+        };
+    }
+    step
 }
 
 /// The MetricsAvailable condition.

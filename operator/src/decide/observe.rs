@@ -162,7 +162,7 @@ fn observe_one(signal: SignalName, s: &Signals, fleet: &FleetSignals) -> Observe
 }
 
 /// No request running, waiting or deferred (and the numbers are real numbers).
-fn is_idle(r: &ReplicaSignals) -> bool {
+pub(crate) fn is_idle(r: &ReplicaSignals) -> bool {
     r.running == 0.0 && r.capacity_waiting == 0.0 && r.deferred_waiting == 0.0
 }
 

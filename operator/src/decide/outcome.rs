@@ -54,6 +54,10 @@ pub enum Reason {
     NoReplicas,
     /// Scale-up from zero: the gateway holds requests and no replica exists to serve them.
     HeldRequests,
+    /// Scale-down to zero: no request for `scaleToZeroAfterSeconds` (`minReplicas: 0`).
+    ScaledToZero,
+    /// Hold at one: a scale to zero waits for `scaleToZeroAfterSeconds` without requests.
+    IdleBeforeZero,
     /// Rebalance: a hot replica taken out of rotation.
     ReplicaHot,
     /// Rebalance: a replica cooled down and returns to rotation.
@@ -91,6 +95,8 @@ impl Reason {
             Reason::MetricsUnavailable => "MetricsUnavailable",
             Reason::NoReplicas => "NoReplicas",
             Reason::HeldRequests => "HeldRequests",
+            Reason::ScaledToZero => "ScaledToZero",
+            Reason::IdleBeforeZero => "IdleBeforeZero",
             Reason::ReplicaHot => "ReplicaHot",
             Reason::ReplicaCooled => "ReplicaCooled",
             Reason::DpImbalance => "DpImbalance",

@@ -141,6 +141,7 @@ fn stabilization_window_uses_the_highest_recommendation_of_the_last_300s() {
             },
         ],
         scale_events: vec![],
+        busy_at: None,
     };
     // Now 6 replicas, metrics ask for 2 (ratio 1/3).
     let at = |t: u64| decide(&input(&sp, 6, load(6, 200.0)), &history, s(t));

@@ -143,6 +143,7 @@ fn history_strategy() -> impl Strategy<Value = History> {
                     to,
                 })
                 .collect(),
+            busy_at: None,
         })
 }
 

@@ -704,3 +704,54 @@ fn held_requests_bring_a_service_back_from_zero() {
         );
     }
 }
+
+/// `minReplicas: 0`: an idle fleet goes to zero only after `scaleToZeroAfterSeconds`
+/// without any request (reason ScaledToZero); before that it stays at one, and a request
+/// in between starts the count again.
+#[test]
+fn an_idle_fleet_scales_to_zero_after_scale_to_zero_after_seconds() {
+    let mut sp = capacity_only(4.0, 0, 3);
+    sp.autoscaling.scale_to_zero_after_seconds = 60;
+    sp.gateway.enabled = true;
+    let idle = || {
+        fleet(vec![ballast_operator::signals::ReplicaSignals {
+            running: 0.0,
+            ..replica("r0", 0.0, 0.0)
+        }])
+    };
+    let mut history = History::default();
+    let at = |t: u64, f: ballast_operator::signals::FleetSignals, history: &mut History| {
+        let o = decide(&input(&sp, 1, f), history, s(t));
+        history.record(&o.history, o.desired_replicas != 1);
+        o
+    };
+    let first = at(0, idle(), &mut history);
+    assert_eq!(first.desired_replicas, 1, "{}", first.message);
+    let early = at(30, idle(), &mut history);
+    assert_eq!(early.desired_replicas, 1, "{}", early.message);
+    // A request at 40 s: busy again.
+    let busy = at(40, fleet(replicas(1, 0.1, 1.0)), &mut history);
+    assert_eq!(busy.desired_replicas, 1);
+    let not_yet = at(90, idle(), &mut history);
+    assert_eq!(
+        not_yet.desired_replicas, 1,
+        "only 50 s idle: {}",
+        not_yet.message
+    );
+    let zero = at(101, idle(), &mut history);
+    assert_eq!(
+        (zero.desired_replicas, zero.reason, zero.action),
+        (0, Reason::ScaledToZero, Action::ScaleDown),
+        "{}",
+        zero.message
+    );
+    assert!(
+        zero.message.contains("no request for 61s"),
+        "{}",
+        zero.message
+    );
+    // With minReplicas 1 an idle fleet never goes to zero.
+    let one = capacity_only(4.0, 1, 3);
+    let o = decide(&input(&one, 1, idle()), &history, s(500));
+    assert_eq!(o.desired_replicas, 1);
+}
