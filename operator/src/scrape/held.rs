@@ -5,7 +5,7 @@
 //! fleet's capacity-waiting: requests waiting for capacity with no replica behind them.
 
 use super::parser;
-use super::{ScrapeError, Scraper, Target, fetch, join_url};
+use super::{ScrapeError, Scraper, Target};
 use crate::signals::Held;
 
 /// The gauge of requests a gateway holds now.
@@ -55,20 +55,8 @@ impl Scraper {
     }
 
     async fn fetch_held(&self, target: &Target) -> Result<Option<(f64, f64)>, ScrapeError> {
-        let url = join_url(&target.base_url, &self.config.path);
-        let endpoint = fetch::Endpoint::parse(&url, None)?;
         let mut body = Vec::new();
-        tokio::time::timeout(
-            self.config.timeout,
-            fetch::fetch(
-                &self.connections,
-                &endpoint,
-                &mut body,
-                self.config.max_body_bytes,
-            ),
-        )
-        .await
-        .unwrap_or(Err(ScrapeError::Timeout(self.config.timeout)))?;
+        self.fetch_body(target, None, &mut body).await?;
         Ok(read(&body))
     }
 }

@@ -220,21 +220,9 @@ impl Scraper {
     pub async fn scrape_one(&self, dialect: Dialect, target: &Target) -> ScrapeOutcome {
         let start = Instant::now();
         let mut body = self.buffers.take();
-        let url = join_url(&target.base_url, &self.config.path);
-        let fetched = match fetch::Endpoint::parse(&url, self.config.key.as_ref()) {
-            Ok(endpoint) => tokio::time::timeout(
-                self.config.timeout,
-                fetch::fetch(
-                    &self.connections,
-                    &endpoint,
-                    &mut body,
-                    self.config.max_body_bytes,
-                ),
-            )
-            .await
-            .unwrap_or(Err(ScrapeError::Timeout(self.config.timeout))),
-            Err(e) => Err(e),
-        };
+        let fetched = self
+            .fetch_body(target, self.config.key.as_ref(), &mut body)
+            .await;
         let (result, parse_errors) = match fetched {
             Ok(()) => self.interpret(dialect, &mut body).await,
             Err(e) => (Err(e), 0),
@@ -246,6 +234,29 @@ impl Scraper {
             duration: start.elapsed(),
             parse_errors,
         }
+    }
+
+    /// GETs `target`'s exposition into `body` within the timeout and the body limit,
+    /// with `key` as a bearer token when given.
+    async fn fetch_body(
+        &self,
+        target: &Target,
+        key: Option<&ScrapeKey>,
+        body: &mut Vec<u8>,
+    ) -> Result<(), ScrapeError> {
+        let url = join_url(&target.base_url, &self.config.path);
+        let endpoint = fetch::Endpoint::parse(&url, key)?;
+        tokio::time::timeout(
+            self.config.timeout,
+            fetch::fetch(
+                &self.connections,
+                &endpoint,
+                body,
+                self.config.max_body_bytes,
+            ),
+        )
+        .await
+        .unwrap_or(Err(ScrapeError::Timeout(self.config.timeout)))
     }
 
     /// Parses and adapts a body. A usual exposition (a few hundred KB, a fraction of a
