@@ -13,6 +13,49 @@ use common::engine::{Log, spawn_engine};
 /// One control plane at a time: each makes the same pod-network bridge.
 static CONTROL_PLANE: Mutex<()> = Mutex::new(());
 
+/// A control plane of its own (no node) with namespace `ns` ready for pods, or `None`
+/// (said on stderr) when the cluster's programs are missing and `BALLAST_REQUIRE_E2E` is
+/// unset. Fields drop in order: the control plane, then its network, then the lock.
+struct Cluster {
+    cp: ballast_e2e::cluster::ControlPlane,
+    _network: ballast_e2e::node::PodNetwork,
+    dir: std::path::PathBuf,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+fn cluster(what: &str, dir: &str, ns: &str) -> Option<Cluster> {
+    use ballast_e2e::cluster::{ControlPlane, binaries};
+    use ballast_e2e::node::PodNetwork;
+    let one = CONTROL_PLANE.lock().unwrap_or_else(|e| e.into_inner());
+    let bin = match binaries() {
+        Ok(b) => b,
+        Err(why) => {
+            assert!(
+                std::env::var_os("BALLAST_REQUIRE_E2E").is_none(),
+                "BALLAST_REQUIRE_E2E is set but {what} cannot run: {why}"
+            );
+            eprintln!("SKIPPED: {what} on a real API server: {why}");
+            return None;
+        }
+    };
+    let dir = common::local::temp_dir(dir);
+    let network = PodNetwork::create().unwrap_or_else(|e| panic!("the pod network: {e}"));
+    let cp = ControlPlane::start(&bin, &dir, network.gateway)
+        .unwrap_or_else(|e| panic!("the control plane: {e}"));
+    cp.kubectl(&["create", "namespace", ns]).unwrap();
+    // Pods are admitted once the controller-manager has made the namespace's account.
+    wait_for("the namespace's default service account", || {
+        cp.kubectl(&["get", "serviceaccount", "default", "-n", ns])
+            .is_ok()
+    });
+    Some(Cluster {
+        cp,
+        _network: network,
+        dir,
+        _one: one,
+    })
+}
+
 /// `--selector` against a real kube-apiserver (the e2e control plane, no node: the pods'
 /// status is written as a kubelet would): the pool is the selected pods that are Ready,
 /// have an IP and pass the `ballast.dev/accepting` gate, and follows them as they change.
@@ -20,32 +63,12 @@ static CONTROL_PLANE: Mutex<()> = Mutex::new(());
 /// has none, so it turns unreachable: the addresses are the pods' own.
 #[test]
 fn the_pool_follows_the_ready_pods_of_a_selector_on_a_real_api_server() {
-    use ballast_e2e::cluster::{ControlPlane, binaries};
-    use ballast_e2e::node::PodNetwork;
     let _group = crate::common::group(module_path!());
-    let _one = CONTROL_PLANE.lock().unwrap_or_else(|e| e.into_inner());
-    let bin = match binaries() {
-        Ok(b) => b,
-        Err(why) => {
-            assert!(
-                std::env::var_os("BALLAST_REQUIRE_E2E").is_none(),
-                "BALLAST_REQUIRE_E2E is set but the pod-watch test cannot run: {why}"
-            );
-            eprintln!("SKIPPED: the gateway's pod watch on a real API server: {why}");
-            return;
-        }
-    };
-    let dir = common::local::temp_dir("gateway-pods");
-    let network = PodNetwork::create().unwrap_or_else(|e| panic!("the pod network: {e}"));
-    let cp = ControlPlane::start(&bin, &dir, network.gateway)
-        .unwrap_or_else(|e| panic!("the control plane: {e}"));
     let ns = "pool";
-    cp.kubectl(&["create", "namespace", ns]).unwrap();
-    // Pods are admitted once the controller-manager has made the namespace's account.
-    wait_for("the namespace's default service account", || {
-        cp.kubectl(&["get", "serviceaccount", "default", "-n", ns])
-            .is_ok()
-    });
+    let Some(c) = cluster("the gateway's pod watch", "gateway-pods", ns) else {
+        return;
+    };
+    let cp = &c.cp;
     let engine = spawn_engine(&["--model", MODEL], Log::Inherit);
     let port = addr_of(&engine).port();
     let pod = |name: &str, app: &str, gated: bool| {
@@ -142,37 +165,18 @@ fn the_pool_follows_the_ready_pods_of_a_selector_on_a_real_api_server() {
 /// with its least-privilege Role; turning the gateway off deletes all of it.
 #[test]
 fn the_operator_keeps_an_inference_pool_that_its_picker_reads() {
-    use ballast_e2e::cluster::{ControlPlane, binaries};
-    use ballast_e2e::node::PodNetwork;
     use ballast_e2e::process::{free_port, spawn_logged, stop_child};
     use std::path::Path;
     use std::process::Command;
     let _group = crate::common::group(module_path!());
-    let _one = CONTROL_PLANE.lock().unwrap_or_else(|e| e.into_inner());
-    let bin = match binaries() {
-        Ok(b) => b,
-        Err(why) => {
-            assert!(
-                std::env::var_os("BALLAST_REQUIRE_E2E").is_none(),
-                "BALLAST_REQUIRE_E2E is set but the InferencePool test cannot run: {why}"
-            );
-            eprintln!("SKIPPED: the operator's InferencePool on a real API server: {why}");
-            return;
-        }
+    let ns = "pool";
+    let Some(c) = cluster("the operator's InferencePool", "gateway-pool", ns) else {
+        return;
     };
-    let dir = common::local::temp_dir("gateway-pool");
-    let network = PodNetwork::create().unwrap_or_else(|e| panic!("the pod network: {e}"));
-    let cp = ControlPlane::start(&bin, &dir, network.gateway)
-        .unwrap_or_else(|e| panic!("the control plane: {e}"));
+    let (cp, dir) = (&c.cp, &c.dir);
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let crd = repo.join("charts/ballast/crds/inferenceservices.ballast.dev.yaml");
     cp.kubectl(&["apply", "-f", crd.to_str().unwrap()]).unwrap();
-    let ns = "pool";
-    cp.kubectl(&["create", "namespace", ns]).unwrap();
-    wait_for("the namespace's default service account", || {
-        cp.kubectl(&["get", "serviceaccount", "default", "-n", ns])
-            .is_ok()
-    });
     let logs = dir.join("logs");
     struct Child(std::process::Child);
     impl Drop for Child {
