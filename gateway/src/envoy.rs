@@ -1,5 +1,6 @@
-//! The Envoy bootstrap of `deploy/envoy/gateway.yaml`, filled in for a standalone pool of
-//! fixed addresses: what the tests and the gateway benchmark start Envoy with.
+//! The Envoy bootstraps of `deploy/envoy/`, filled in: `gateway.yaml` for a standalone pool
+//! of fixed addresses (what the tests and the gateway benchmark start Envoy with), and
+//! `inference-pool.yaml` for an InferencePool in Kubernetes, whose pods Envoy never lists.
 
 use std::net::SocketAddr;
 
@@ -9,6 +10,11 @@ pub const TEMPLATE: &str = include_str!("../../deploy/envoy/gateway.yaml");
 /// The anchor: Envoy round robin over the same pool, no gateway (its placeholders are a
 /// subset of [`TEMPLATE`]'s).
 pub const ROUND_ROBIN: &str = include_str!("../../deploy/envoy/round-robin.yaml");
+
+/// Envoy in front of an InferencePool's picker Service: each request goes to the pod the
+/// picker names (an `ORIGINAL_DST` cluster on `x-gateway-destination-endpoint`), so pods
+/// may come and go; it has no engine lines ([`Bootstrap::engines`] may be empty).
+pub const INFERENCE_POOL: &str = include_str!("../../deploy/envoy/inference-pool.yaml");
 
 /// What the bootstrap's placeholders stand for.
 #[derive(Debug, Clone)]
@@ -28,9 +34,10 @@ pub struct Bootstrap {
 
 impl Bootstrap {
     /// `template` with every placeholder filled in: the line that names an engine is
-    /// repeated once per engine. A placeholder left over is an error naming it.
+    /// repeated once per engine. A placeholder left over is an error naming it, and so is
+    /// a template with an engine line but no engine.
     pub fn render(&self, template: &str) -> Result<String, String> {
-        if self.engines.is_empty() {
+        if self.engines.is_empty() && template.contains("${ENGINE_ADDRESS}") {
             return Err("the pool needs at least one engine".into());
         }
         let ip = |a: &SocketAddr| a.ip().to_string();
@@ -110,5 +117,19 @@ mod tests {
             ..bootstrap()
         };
         assert!(none.render(TEMPLATE).is_err());
+    }
+
+    #[test]
+    fn the_inference_pool_bootstrap_needs_no_engine_list() {
+        let picker = Bootstrap {
+            gateway: "10.96.0.40:9002".parse().unwrap(),
+            engines: vec![],
+            ..bootstrap()
+        };
+        let yaml = picker.render(INFERENCE_POOL).unwrap();
+        assert!(yaml.contains("address: 10.96.0.40, port_value: 9002"), "{yaml}");
+        assert!(yaml.contains("type: ORIGINAL_DST"));
+        assert!(yaml.contains("http_header_name: x-gateway-destination-endpoint"));
+        assert!(yaml.contains("failure_mode_allow: false"));
     }
 }

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ballast_gateway::envoy::{Bootstrap, ROUND_ROBIN, TEMPLATE};
+use ballast_gateway::envoy::{Bootstrap, INFERENCE_POOL, ROUND_ROBIN, TEMPLATE};
 use common::engine::{EngineProcess, Log, client, spawn_engine};
 use serde_json::{Value, json};
 
@@ -171,7 +171,7 @@ pub(crate) fn spawn_envoy(
 }
 
 /// Envoy started from the bootstrap `template`.
-fn spawn_envoy_from(
+pub(crate) fn spawn_envoy_from(
     template: &str,
     binary: &Path,
     dir: &Path,
@@ -438,6 +438,25 @@ async fn requests_through_envoy_arrive_whole_where_the_gateway_sends_them() {
         &format!("endpoint=\"{only}\",reason=\"subset\""),
     );
     assert_eq!(after - before, 3.0);
+
+    // The InferencePool bootstrap lists no engine: each request goes to the `ip:port` the
+    // gateway wrote in its header (an ORIGINAL_DST cluster), and arrives whole there.
+    let pooled = spawn_envoy_from(INFERENCE_POOL, &envoy, &dir, grpc, false, &[]);
+    let (_, want) = post(&format!("{direct}/v1/completions"), &completion).await;
+    let picked = || -> f64 {
+        addrs
+            .iter()
+            .map(|&a| picks(&metrics, a, "score") + picks(&metrics, a, "in_flight"))
+            .sum()
+    };
+    let before = picked();
+    for _ in 0..4 {
+        let (s, got) = post(&format!("{}/v1/completions", pooled.url), &completion).await;
+        assert_eq!(s, 200, "{got}");
+        assert_eq!(comparable(got), comparable(want.clone()));
+    }
+    assert_eq!(picked() - before, 4.0, "every request picked by the gateway");
+    drop(pooled);
 
     // Bad input gets the gateway's own answer, as OpenAI-shaped JSON.
     let raw = |body: &'static str| {

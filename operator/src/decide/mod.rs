@@ -188,6 +188,14 @@ fn to_zero_when_idle(c: &Ctx, step: ScaleStep, idle: bool) -> ScaleStep {
     if c.min != 0 || c.current == 0 {
         return step;
     }
+    // Zero only while a picker reports held requests: without one (no InferencePool CRD,
+    // no ready picker) nothing would see the next request and bring a replica back.
+    if c.signals.held_requests.is_none() {
+        return at_least_one(
+            step,
+            "no gateway picker reports held requests, so nothing would bring a replica back from 0",
+        );
+    }
     let after = Duration::from_secs(c.input.autoscaling.scale_to_zero_after_seconds.max(1) as u64);
     // The period's own idleness counts from the last busy one (or from now, the first).
     let idle_for = match (idle, c.history.busy_at) {
@@ -208,23 +216,29 @@ fn to_zero_when_idle(c: &Ctx, step: ScaleStep, idle: bool) -> ScaleStep {
             ..step
         };
     }
-    if step.desired == 0 {
-        let wait = if idle {
-            format!("idle for {}s of {}s", idle_for.as_secs(), after.as_secs())
-        } else {
-            "requests in the fleet".to_string()
-        };
-        return ScaleStep {
-            desired: 1,
-            reason: Reason::IdleBeforeZero,
-            message: format!(
-                "{}; at 1 until zero is due ({wait}, scaleToZeroAfterSeconds)",
-                step.message
-            ),
-            ..step
-        };
+    let wait = if idle {
+        format!(
+            "idle for {}s of {}s, scaleToZeroAfterSeconds",
+            idle_for.as_secs(),
+            after.as_secs()
+        )
+    } else {
+        "requests in the fleet, scaleToZeroAfterSeconds".to_string()
+    };
+    at_least_one(step, &wait)
+}
+
+/// `step`, raised to one replica (reason `IdleBeforeZero`, saying `why`) if it went to 0.
+fn at_least_one(step: ScaleStep, why: &str) -> ScaleStep {
+    if step.desired != 0 {
+        return step;
     }
-    step
+    ScaleStep {
+        desired: 1,
+        reason: Reason::IdleBeforeZero,
+        message: format!("{}; at 1 until zero is due ({why})", step.message),
+        ..step
+    }
 }
 
 /// The MetricsAvailable condition.

@@ -713,11 +713,16 @@ fn an_idle_fleet_scales_to_zero_after_scale_to_zero_after_seconds() {
     let mut sp = capacity_only(4.0, 0, 3);
     sp.autoscaling.scale_to_zero_after_seconds = 60;
     sp.gateway.enabled = true;
+    // A picker reports: nothing held.
+    let reported = |mut f: ballast_operator::signals::FleetSignals| {
+        f.held_requests = Some(0.0);
+        f
+    };
     let idle = || {
-        fleet(vec![ballast_operator::signals::ReplicaSignals {
+        reported(fleet(vec![ballast_operator::signals::ReplicaSignals {
             running: 0.0,
             ..replica("r0", 0.0, 0.0)
-        }])
+        }]))
     };
     let mut history = History::default();
     let at = |t: u64, f: ballast_operator::signals::FleetSignals, history: &mut History| {
@@ -730,7 +735,7 @@ fn an_idle_fleet_scales_to_zero_after_scale_to_zero_after_seconds() {
     let early = at(30, idle(), &mut history);
     assert_eq!(early.desired_replicas, 1, "{}", early.message);
     // A request at 40 s: busy again.
-    let busy = at(40, fleet(replicas(1, 0.1, 1.0)), &mut history);
+    let busy = at(40, reported(fleet(replicas(1, 0.1, 1.0))), &mut history);
     assert_eq!(busy.desired_replicas, 1);
     let not_yet = at(90, idle(), &mut history);
     assert_eq!(
@@ -750,6 +755,13 @@ fn an_idle_fleet_scales_to_zero_after_scale_to_zero_after_seconds() {
         "{}",
         zero.message
     );
+    // Without a picker's report (no InferencePool CRD, no ready picker) nothing would
+    // bring a replica back: the same idle fleet stays at one, saying why.
+    let mut unseen = idle();
+    unseen.held_requests = None;
+    let o = decide(&input(&sp, 1, unseen), &history, s(101));
+    assert_eq!(o.desired_replicas, 1, "{}", o.message);
+    assert_ne!(o.reason, Reason::ScaledToZero, "{}", o.message);
     // With minReplicas 1 an idle fleet never goes to zero.
     let one = capacity_only(4.0, 1, 3);
     let o = decide(&input(&one, 1, idle()), &history, s(500));
