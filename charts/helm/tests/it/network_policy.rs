@@ -128,7 +128,9 @@ fn the_policies_admit_exactly_whom_they_must() {
         [
             ("ballast-system", "ballast-operator"),
             ("ml", "ballast-engines"),
+            ("ml", "ballast-pickers"),
             ("chat", "ballast-engines"),
+            ("chat", "ballast-pickers"),
         ]
     );
     let operator_labels = [
@@ -148,6 +150,13 @@ fn the_policies_admit_exactly_whom_they_must() {
         namespace: "chat",
         ..pod("chat", &[("app.kubernetes.io/name", "ballast-engine")])
     };
+    let picker = pod(
+        "ml",
+        &[
+            ("app.kubernetes.io/name", "ballast-gateway"),
+            ("app.kubernetes.io/instance", "chat"),
+        ],
+    );
     let client = pod("ml", &[("app", "web")]);
     let prometheus = pod("monitoring", &[("app", "prometheus")]);
     let web = pod_in("frontend", &[("team", "web")], &[("app", "ui")]);
@@ -196,6 +205,56 @@ fn the_policies_admit_exactly_whom_they_must() {
             false,
         ),
         ("a clientPeers namespace", &web, &engine, "http", true),
+        (
+            "the picker scrapes and sends on",
+            &picker,
+            &engine,
+            "http",
+            true,
+        ),
+        (
+            "... never the control port",
+            &picker,
+            &engine,
+            "grpc",
+            false,
+        ),
+        (
+            "a Gateway in clientPeers calls the picker",
+            &web,
+            &picker,
+            "grpc",
+            true,
+        ),
+        (
+            "... so may a pod of its namespace",
+            &client,
+            &picker,
+            "grpc",
+            true,
+        ),
+        (
+            "the operator reads held requests",
+            &operator,
+            &picker,
+            "metrics",
+            true,
+        ),
+        (
+            "Prometheus scrapes the picker",
+            &prometheus,
+            &picker,
+            "metrics",
+            true,
+        ),
+        ("... a client does not", &client, &picker, "metrics", false),
+        (
+            "any other namespace calls no picker",
+            &stranger,
+            &picker,
+            "grpc",
+            false,
+        ),
         ("... not the control port", &web, &engine, "grpc", false),
         ("any other namespace", &stranger, &engine, "http", false),
         (
@@ -253,9 +312,14 @@ fn the_policies_admit_exactly_whom_they_must() {
         "networkPolicy": {"enabled": true, "monitoringNamespace": "monitoring"},
         "operator": {"watchNamespace": "ml"}
     }));
-    assert_eq!(p.len(), 2, "the operator's and the watched namespace's");
+    assert_eq!(
+        p.len(),
+        3,
+        "the operator's, the watched namespace's engines' and pickers'"
+    );
     assert!(!allowed(&p, &apiserver, &operator, "metrics-api"));
     assert!(!allowed(&p, &web, &engine, "http"));
+    assert!(!allowed(&p, &web, &picker, "grpc"));
     assert!(allowed(&p, &client, &engine, "http"));
 }
 
@@ -287,7 +351,7 @@ fn off_by_default_and_values_that_cannot_work_fail_naming_them() {
     let r = render(
         &options().values(json!({"networkPolicy": {"enabled": true, "engineNamespaces": ["ml"]}})),
     );
-    assert_eq!(r.of_kind("NetworkPolicy").unwrap().len(), 2);
+    assert_eq!(r.of_kind("NetworkPolicy").unwrap().len(), 3);
     // A namespace that is not a name is refused by the schema.
     let err = options()
         .values(json!({"networkPolicy": {"enabled": true, "engineNamespaces": ["Not_A_Name"]}}))
