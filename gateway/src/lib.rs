@@ -534,6 +534,9 @@ fn admin_router(admin: Admin) -> Router {
         .route(
             "/metrics",
             get(|State(a): State<Admin>| async move {
+                let members = a.pool.endpoints();
+                let present = members.iter().map(|s| s.endpoint.name.as_str()).collect();
+                a.metrics.forget_endpoints_except(&present);
                 a.metrics.endpoints.set(a.pool.len() as i64);
                 a.metrics.unreachable.set(a.pool.unreachable() as i64);
                 let blocks: usize = a.pool.endpoints().iter().map(|s| s.prefix_blocks()).sum();

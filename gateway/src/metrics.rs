@@ -220,6 +220,27 @@ impl GatewayMetrics {
         }
     }
 
+    /// Drops the per-endpoint series (picks, rank picks) of endpoints not in `present`,
+    /// so a gateway that outlives many pods (a fleet that scales and rolls) exports the
+    /// pods that exist, not every pod it ever routed to.
+    pub fn forget_endpoints_except(&self, present: &std::collections::HashSet<&str>) {
+        use prometheus::core::Collector;
+        for vec in [&self.picks, &self.rank_picks] {
+            for family in vec.collect() {
+                for m in family.get_metric() {
+                    let labels: std::collections::HashMap<&str, &str> = m
+                        .get_label()
+                        .iter()
+                        .map(|l| (l.name(), l.value()))
+                        .collect();
+                    if labels.get("endpoint").is_some_and(|e| !present.contains(e)) {
+                        let _ = vec.remove(&labels);
+                    }
+                }
+            }
+        }
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
@@ -227,5 +248,25 @@ impl GatewayMetrics {
             .encode(&self.registry.gather(), &mut out)
             .expect("text encoding into memory cannot fail");
         String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_series_of_an_endpoint_that_left_are_dropped() {
+        let m = GatewayMetrics::new();
+        m.picks.with_label_values(&["pod-a", "score"]).inc();
+        m.picks.with_label_values(&["pod-b", "prefix"]).inc();
+        m.rank_picks.with_label_values(&["pod-b", "0"]).inc();
+        m.forget_endpoints_except(&["pod-a"].into());
+        let text = m.render();
+        assert!(
+            text.contains(r#"ballast_gateway_picks_total{endpoint="pod-a",reason="score"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains("pod-b"), "{text}");
     }
 }
