@@ -127,7 +127,10 @@ mod tests {
             ..bootstrap()
         };
         let yaml = picker.render(INFERENCE_POOL).unwrap();
-        assert!(yaml.contains("address: 10.96.0.40, port_value: 9002"), "{yaml}");
+        assert!(
+            yaml.contains("address: 10.96.0.40, port_value: 9002"),
+            "{yaml}"
+        );
         assert!(yaml.contains("type: ORIGINAL_DST"));
         assert!(yaml.contains("http_header_name: x-gateway-destination-endpoint"));
         assert!(yaml.contains("failure_mode_allow: false"));

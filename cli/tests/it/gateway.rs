@@ -455,7 +455,11 @@ async fn requests_through_envoy_arrive_whole_where_the_gateway_sends_them() {
         assert_eq!(s, 200, "{got}");
         assert_eq!(comparable(got), comparable(want.clone()));
     }
-    assert_eq!(picked() - before, 4.0, "every request picked by the gateway");
+    assert_eq!(
+        picked() - before,
+        4.0,
+        "every request picked by the gateway"
+    );
     drop(pooled);
 
     // Bad input gets the gateway's own answer, as OpenAI-shaped JSON.
