@@ -40,6 +40,9 @@ pub struct Replicas {
     /// The metrics endpoints of the service's ready gateway pickers, whose held requests
     /// are demand ([`crate::scrape::held`]); empty without a gateway.
     pub pickers: Vec<Target>,
+    /// Every picker pod of the service, ready or not, with its containers' restarts: how a
+    /// period tells a picker that died holding requests from one that sent them on.
+    pub picker_restarts: BTreeMap<String, i32>,
 }
 
 /// What one period produced.
@@ -85,6 +88,8 @@ pub struct ControlPeriod {
     scrape_key: Option<ScrapeKey>,
     /// The scraper of the gateway pickers' `/metrics`, once there are pickers.
     pickers: Option<Scraper>,
+    /// What each picker held at the last period, with its restarts then.
+    held_by_picker: BTreeMap<String, (f64, i32)>,
 }
 
 impl ControlPeriod {
@@ -107,6 +112,7 @@ impl ControlPeriod {
             scraped_at: None,
             scrape_key: None,
             pickers: None,
+            held_by_picker: BTreeMap::new(),
         }
     }
 
@@ -207,6 +213,25 @@ impl ControlPeriod {
             });
             pickers.held(&replicas.pickers).await
         };
+        for (picker, requests) in lost_holds(&self.held_by_picker, &replicas.picker_restarts) {
+            tracing::warn!(
+                namespace = %self.namespace,
+                service = %self.name,
+                picker = %picker,
+                held = requests,
+                "a gateway picker went away or restarted while holding {requests} requests: those are lost (their clients saw the connection reset); the requests it had sent on are not affected"
+            );
+        }
+        self.held_by_picker = held
+            .iter()
+            .flat_map(|h| h.by_picker.iter())
+            .filter_map(|(name, requests)| {
+                Some((
+                    name.clone(),
+                    (*requests, *replicas.picker_restarts.get(name)?),
+                ))
+            })
+            .collect();
         let mut fleet = self
             .tracker
             .observe_outcomes(Instant::now(), &outcomes, replicas.starting);
@@ -396,6 +421,21 @@ pub fn record_state(
     metrics.record_conditions(namespace, name, conditions);
 }
 
+/// The pickers that held requests at the last period (`before`: requests and restarts
+/// then) and have since gone or restarted (`now`: every picker pod's restarts): their held
+/// requests died with the process. `(picker, requests)`, by name.
+pub fn lost_holds(
+    before: &BTreeMap<String, (f64, i32)>,
+    now: &BTreeMap<String, i32>,
+) -> Vec<(String, f64)> {
+    before
+        .iter()
+        .filter(|(_, (requests, _))| *requests > 0.0)
+        .filter(|(name, (_, restarts))| now.get(*name).is_none_or(|r| r > restarts))
+        .map(|(name, (requests, _))| (name.clone(), *requests))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,6 +447,23 @@ mod tests {
         .unwrap()
         .remove(0)
         .spec
+    }
+
+    #[test]
+    fn a_picker_that_died_holding_requests_lost_them_and_one_that_sent_them_on_did_not() {
+        let before = BTreeMap::from([
+            ("epp-a".to_string(), (3.0, 0)),
+            ("epp-b".to_string(), (2.0, 1)),
+            ("epp-c".to_string(), (4.0, 0)),
+            ("epp-d".to_string(), (0.0, 0)),
+        ]);
+        // a restarted, b is as it was (it sent its two on), c is gone, d held nothing.
+        let now = BTreeMap::from([("epp-a".to_string(), 1), ("epp-b".to_string(), 1)]);
+        assert_eq!(
+            lost_holds(&before, &now),
+            [("epp-a".to_string(), 3.0), ("epp-c".to_string(), 4.0)]
+        );
+        assert!(lost_holds(&BTreeMap::new(), &now).is_empty());
     }
 
     #[tokio::test]

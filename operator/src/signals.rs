@@ -138,7 +138,7 @@ pub struct ReplicaSignals {
 
 /// What a service's gateway pickers hold, over those that answered
 /// ([`crate::scrape::held`]).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Held {
     /// Requests held, summed over the pickers.
     pub requests: f64,
@@ -146,6 +146,8 @@ pub struct Held {
     pub oldest_seconds: f64,
     /// Pickers that answered with the gauges.
     pub pickers: usize,
+    /// What each of them holds: `(pod name, requests)`, by name.
+    pub by_picker: Vec<(String, f64)>,
 }
 
 /// The fleet as the decision core sees it in one control period.
@@ -230,6 +232,7 @@ mod tests {
                 requests,
                 oldest_seconds: 2.5,
                 pickers: 1,
+                ..Held::default()
             })
         };
         // No replica at all: the held requests are the whole of capacity-waiting.

@@ -248,6 +248,7 @@ impl Supervisor {
                 .collect(),
             starting: self.fleet.counts().starting.max(0) as usize,
             pickers: Vec::new(),
+            picker_restarts: Default::default(),
             out_of_rotation: ready()
                 .filter(|r| !r.accepting)
                 .map(|r| r.name.clone())

@@ -55,6 +55,11 @@ pub fn replicas(isvc: &InferenceService, snapshot: &Snapshot) -> Replicas {
         starting: snapshot.counts().starting.max(0) as usize,
         out_of_rotation: snapshot.out_of_rotation(),
         pickers: picker_targets(isvc, snapshot),
+        picker_restarts: if isvc.spec.gateway.enabled {
+            snapshot.gateway.restarts.clone()
+        } else {
+            Default::default()
+        },
     }
 }
 

@@ -256,6 +256,8 @@ pub struct GatewayLive {
     pub ready_pickers: i32,
     /// Those pods' names and IPs (the operator reads their held requests).
     pub pickers: Vec<(String, String)>,
+    /// Every picker pod, ready or not, with its containers' restarts.
+    pub restarts: BTreeMap<String, i32>,
 }
 
 impl Default for GatewayLive {
@@ -270,6 +272,7 @@ impl Default for GatewayLive {
             pdb: None,
             ready_pickers: 0,
             pickers: Vec::new(),
+            restarts: BTreeMap::new(),
         }
     }
 }
@@ -289,9 +292,19 @@ impl GatewayLive {
     /// Reads the gateway of service `name` in `ns` from the caches.
     pub async fn read(cache: &Cache, ns: &str, name: &str) -> Result<GatewayLive, kube::Error> {
         let picker = super::names::picker_name(name);
-        let ready: Vec<Arc<Pod>> = cache
-            .picker_pods(ns, name)
-            .await?
+        let pods = cache.picker_pods(ns, name).await?;
+        let restarts = pods
+            .iter()
+            .map(|p| {
+                let statuses = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref());
+                let n = statuses.map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum());
+                (p.name_any(), n)
+            })
+            .collect();
+        let ready: Vec<Arc<Pod>> = pods
             .into_iter()
             .filter(|p| {
                 p.metadata.deletion_timestamp.is_none()
@@ -327,6 +340,7 @@ impl GatewayLive {
             pdb: cache.pdb(ns, &picker).await?,
             ready_pickers,
             pickers,
+            restarts,
         })
     }
 }

@@ -39,17 +39,24 @@ impl Scraper {
         let mut running = tokio::task::JoinSet::new();
         for target in pickers {
             let (scraper, target) = (self.clone(), target.clone());
-            running.spawn(async move { scraper.fetch_held(&target).await });
+            running.spawn(async move {
+                let held = scraper.fetch_held(&target).await;
+                (target.name, held)
+            });
         }
         let mut total: Option<Held> = None;
         while let Some(done) = running.join_next().await {
-            let Ok(Ok(Some((requests, oldest)))) = done else {
+            let Ok((name, Ok(Some((requests, oldest))))) = done else {
                 continue;
             };
             let t = total.get_or_insert_with(Held::default);
             t.requests += requests;
             t.oldest_seconds = t.oldest_seconds.max(oldest);
             t.pickers += 1;
+            t.by_picker.push((name, requests));
+        }
+        if let Some(t) = total.as_mut() {
+            t.by_picker.sort_by(|a, b| a.0.cmp(&b.0));
         }
         total
     }

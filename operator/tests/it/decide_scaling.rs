@@ -681,6 +681,7 @@ fn held_requests_bring_a_service_back_from_zero() {
             requests,
             oldest_seconds: 1.0,
             pickers: 1,
+            ..Default::default()
         }));
         decide(&input(&sp, 0, f), &History::default(), s(0))
     };
