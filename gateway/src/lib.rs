@@ -137,6 +137,11 @@ pub struct GatewayArgs {
     /// The engines' metrics path.
     #[arg(long, env = "BALLAST_GATEWAY_METRICS_PATH", default_value = "/metrics")]
     pub metrics_path: String,
+    /// A file of API keys, one a line (the engines' own `--api-key-file`): the first is
+    /// sent as `Authorization: Bearer` on every scrape, so engines that require a key on
+    /// `/metrics` are still read. Re-read every 10 s, so a rotated Secret is picked up.
+    #[arg(long, env = "BALLAST_GATEWAY_SCRAPE_KEY_FILE", value_name = "PATH")]
+    pub scrape_key_file: Option<std::path::PathBuf>,
     /// Score weight of each request waiting for capacity.
     #[arg(long, env = "BALLAST_GATEWAY_WEIGHT_WAITING", default_value_t = Weights::default().waiting)]
     pub weight_waiting: f64,
@@ -322,6 +327,9 @@ pub async fn run(
             )));
         }
     }
+    if let Some(path) = &args.scrape_key_file {
+        scrape::read_key(path).map_err(GatewayError::Args)?;
+    }
     if args.prefix_block_bytes == 0 {
         return Err(GatewayError::Args(
             "--prefix-block-bytes must be at least 1".into(),
@@ -348,6 +356,7 @@ pub async fn run(
                 path: args.metrics_path.clone(),
                 // A scrape slower than the staleness bound is of no use anyway.
                 timeout: (interval * args.stale_intervals).max(Duration::from_millis(250)),
+                key_file: args.scrape_key_file.clone(),
             },
             Arc::clone(&metrics),
         ));

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ballast_operator::scrape::{ScrapeConfig, ScrapeError, Scraper, Target};
+use ballast_operator::scrape::{ScrapeConfig, ScrapeError, ScrapeKey, Scraper, Target};
 use ballast_operator::signals::Dialect;
 
 use crate::metrics::GatewayMetrics;
@@ -32,17 +32,50 @@ pub struct ScrapeSettings {
     pub path: String,
     /// Longest one scrape may take.
     pub timeout: Duration,
+    /// `--scrape-key-file`: the first key in it goes on every scrape.
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+/// How often `--scrape-key-file` is read again (a Secret the kubelet refreshed).
+const KEY_REREAD: Duration = Duration::from_secs(10);
+
+/// The first key of the key file at `path`, or why there is none.
+pub fn read_key(path: &std::path::Path) -> Result<ScrapeKey, String> {
+    let text =
+        std::fs::read(path).map_err(|e| format!("--scrape-key-file {}: {e}", path.display()))?;
+    ScrapeKey::first_of(&text).ok_or_else(|| {
+        format!(
+            "--scrape-key-file {}: no key in it (one a line, visible ASCII, at most 4096 bytes)",
+            path.display()
+        )
+    })
 }
 
 /// Scrapes every endpoint of `pool` until dropped, following the endpoint set.
 pub async fn run(pool: Arc<Pool>, settings: ScrapeSettings, metrics: Arc<GatewayMetrics>) {
-    let scraper = Scraper::new(ScrapeConfig {
-        path: settings.path.clone(),
-        timeout: settings.timeout,
-        // Body buffers are kept for this many scrapes in flight at once.
-        concurrency: 64,
-        ..ScrapeConfig::default()
-    });
+    let key = |previous: Option<ScrapeKey>| match &settings.key_file {
+        None => None,
+        // A file that cannot be read now (a Secret being replaced) keeps the last key.
+        Some(path) => read_key(path)
+            .inspect_err(|e| tracing::warn!(error = %e, "keeping the last scrape key"))
+            .ok()
+            .or(previous),
+    };
+    let scraper_with = |key: Option<ScrapeKey>| {
+        Scraper::new(ScrapeConfig {
+            path: settings.path.clone(),
+            timeout: settings.timeout,
+            // Body buffers are kept for this many scrapes in flight at once.
+            concurrency: 64,
+            key,
+            ..ScrapeConfig::default()
+        })
+    };
+    let mut current_key = key(None);
+    let mut scraper = scraper_with(current_key.clone());
+    let mut reread = tokio::time::interval(KEY_REREAD);
+    reread.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    reread.tick().await;
     let mut members = pool.members();
     let mut tasks: HashMap<SocketAddr, (Arc<EndpointState>, tokio::task::JoinHandle<()>)> =
         HashMap::new();
@@ -71,8 +104,24 @@ pub async fn run(pool: Arc<Pool>, settings: ScrapeSettings, metrics: Arc<Gateway
             ));
             tasks.insert(addr, (state, task));
         }
-        if members.changed().await.is_err() {
-            break;
+        tokio::select! {
+            changed = members.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            _ = reread.tick(), if settings.key_file.is_some() => {
+                let next = key(current_key.clone());
+                if next != current_key {
+                    // A new key: every endpoint's task starts again with it.
+                    tracing::info!("the scrape key file changed: scraping with its first key");
+                    current_key = next;
+                    scraper = scraper_with(current_key.clone());
+                    for (_, (_, task)) in tasks.drain() {
+                        task.abort();
+                    }
+                }
+            }
         }
     }
     for (_, (_, task)) in tasks {

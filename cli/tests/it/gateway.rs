@@ -136,7 +136,7 @@ pub(crate) struct Envoy {
     /// `http://127.0.0.1:PORT`: the listener.
     pub(crate) url: String,
     /// The admin port's URL.
-    admin: String,
+    pub(crate) admin: String,
 }
 
 impl Envoy {
@@ -1050,4 +1050,63 @@ async fn a_vanished_engine_or_a_restarted_envoy_loses_only_its_own_requests() {
             "outcome=\"error\""
         ) >= 1.0
     );
+}
+
+/// Engines that require a key on `/metrics` (`--metrics-require-key`) are read by a gateway
+/// with `--scrape-key-file` (the first key of the file, as the engine reads it) and not by
+/// one without; a key file that cannot be used stops the gateway at start-up, naming it.
+#[test]
+fn a_gateway_with_the_key_file_reads_engines_that_require_a_key() {
+    let _group = crate::common::group(module_path!());
+    let dir = common::local::temp_dir("gateway-scrape-key");
+    let keys = dir.join("keys");
+    std::fs::write(&keys, "\n  scrape-key-1  \nsecond-key\n").unwrap();
+    let keys_arg = keys.to_str().unwrap();
+    let engine = spawn_engine(
+        &[
+            "--model",
+            MODEL,
+            "--api-key-file",
+            keys_arg,
+            "--metrics-require-key",
+        ],
+        Log::Inherit,
+    );
+    let addr = addr_of(&engine).to_string();
+    let scrapes = |metrics: &str, outcome: &str| {
+        sample(
+            metrics,
+            "ballast_gateway_scrapes_total",
+            &format!("outcome=\"{outcome}\""),
+        )
+    };
+    let (_with, _, with_metrics) =
+        spawn_gateway(&["--endpoints", &addr, "--scrape-key-file", keys_arg]);
+    wait_for("scrapes with the key", || {
+        scrapes(&with_metrics, "ok") >= 3.0
+    });
+    let (_without, _, without_metrics) = spawn_gateway(&["--endpoints", &addr]);
+    wait_for("refused scrapes without it", || {
+        let text = common::get(&without_metrics).unwrap_or_default();
+        text.lines()
+            .any(|l| l.starts_with("ballast_gateway_scrapes_total{") && !l.contains("\"ok\""))
+    });
+    assert_eq!(scrapes(&without_metrics, "ok"), 0.0);
+
+    let empty = dir.join("empty");
+    std::fs::write(&empty, " \n\n").unwrap();
+    for (file, words) in [
+        (dir.join("absent"), "--scrape-key-file"),
+        (empty, "no key in it"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args(["gateway", "--port", "0", "--metrics-port", "0"])
+            .args(["--endpoints", &addr, "--scrape-key-file"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(words), "{err}");
+    }
 }

@@ -15,9 +15,9 @@ use ballast_crds::inference_pool::{EndpointPickerRef, InferencePool, InferencePo
 use ballast_crds::{EngineKind, InferenceService};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, GRPCAction, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort,
-    ServiceSpec,
+    Capabilities, Container, ContainerPort, GRPCAction, KeyToPath, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -39,6 +39,12 @@ pub const METRICS_PORT: i32 = 9090;
 pub const POOL_SPEC_HASH: &str = "ballast.dev/spec-hash";
 /// Non-root user of the picker container (the image's).
 const RUN_AS_USER: i64 = 65532;
+
+/// Where a picker of a service with `spec.auth` finds the API keys (the Secret's key as
+/// the file [`SCRAPE_KEY_FILE`]): it sends the first on its scrapes of the engines.
+pub const SCRAPE_KEY_DIR: &str = "/var/run/ballast/scrape-key";
+/// The file name of the keys in [`SCRAPE_KEY_DIR`].
+pub const SCRAPE_KEY_FILE: &str = "keys";
 
 /// What the gateway of a service is made of.
 #[derive(Debug, Clone, PartialEq)]
@@ -278,6 +284,12 @@ pub fn picker_args(isvc: &InferenceService, name: &str, namespace: &str) -> Vec<
         "--metrics-path".to_string(),
         isvc.spec.metrics.path.clone(),
     ]);
+    if isvc.spec.auth.is_some() {
+        args.extend([
+            "--scrape-key-file".to_string(),
+            format!("{SCRAPE_KEY_DIR}/{SCRAPE_KEY_FILE}"),
+        ]);
+    }
     args.extend(isvc.spec.gateway.args.iter().cloned());
     args
 }
@@ -296,6 +308,7 @@ fn grpc_probe(service: &str, period: i32, failures: i32) -> Probe {
 
 fn pod_spec(input: &GatewayInput<'_>, image: String, picker: &str) -> PodSpec {
     let g = &input.isvc.spec.gateway;
+    let key = input.isvc.spec.auth.as_ref().map(|a| &a.api_key_secret_ref);
     let port = |name: &str, container_port: i32| ContainerPort {
         name: Some(name.into()),
         container_port,
@@ -322,10 +335,35 @@ fn pod_spec(input: &GatewayInput<'_>, image: String, picker: &str) -> PodSpec {
             ..SecurityContext::default()
         }),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: key.is_some().then(|| {
+            vec![VolumeMount {
+                name: "scrape-key".into(),
+                mount_path: SCRAPE_KEY_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            }]
+        }),
         ..Container::default()
     };
     PodSpec {
         containers: vec![container],
+        volumes: key.map(|r| {
+            vec![Volume {
+                name: "scrape-key".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(r.name.clone()),
+                    items: Some(vec![KeyToPath {
+                        key: r.key.clone(),
+                        path: SCRAPE_KEY_FILE.into(),
+                        ..KeyToPath::default()
+                    }]),
+                    // Readable by the picker (its group is the pod's fsGroup), by no one else.
+                    default_mode: Some(0o440),
+                    optional: Some(false),
+                }),
+                ..Volume::default()
+            }]
+        }),
         service_account_name: Some(picker.to_string()),
         // Its open streams finish within `--drain-seconds` (30) after SIGTERM.
         termination_grace_period_seconds: Some(40),
@@ -333,6 +371,7 @@ fn pod_spec(input: &GatewayInput<'_>, image: String, picker: &str) -> PodSpec {
             run_as_non_root: Some(true),
             run_as_user: Some(RUN_AS_USER),
             run_as_group: Some(RUN_AS_USER),
+            fs_group: key.is_some().then_some(RUN_AS_USER),
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".into(),
                 ..SeccompProfile::default()
@@ -371,6 +410,41 @@ mod tests {
     }
 
     const SPEC: &str = "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {name: chat, namespace: ml}\nspec:\n  model: {source: 'synthetic:tiny', servedName: smol}\n  engine: {port: 8080}\n  gateway: {enabled: true, replicas: 2, failureMode: FailOpen, args: [--queue-max, '8']}\n";
+
+    #[test]
+    fn with_api_keys_the_picker_scrapes_with_the_first_of_the_secrets() {
+        let s = isvc(&format!(
+            "{SPEC}  auth: {{apiKeySecretRef: {{name: chat-keys, key: tokens}}}}\n"
+        ));
+        let o = objects(&input(&s)).unwrap();
+        let pod = o.deployment.spec.unwrap().template.spec.unwrap();
+        let c = &pod.containers[0];
+        let args = c.args.clone().unwrap();
+        let at = args.iter().position(|a| a == "--scrape-key-file").unwrap();
+        assert_eq!(args[at + 1], "/var/run/ballast/scrape-key/keys");
+        let mount = &c.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (SCRAPE_KEY_DIR, Some(true))
+        );
+        let secret = pod.volumes.unwrap()[0].secret.clone().unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("chat-keys"));
+        let item = &secret.items.unwrap()[0];
+        assert_eq!((item.key.as_str(), item.path.as_str()), ("tokens", "keys"));
+        assert_eq!(pod.security_context.unwrap().fs_group, Some(RUN_AS_USER));
+        // Without keys: no flag, no volume.
+        let plain = objects(&input(&isvc(SPEC))).unwrap();
+        let pod = plain.deployment.spec.unwrap().template.spec.unwrap();
+        assert!(pod.volumes.is_none());
+        assert!(
+            !pod.containers[0]
+                .args
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|a| a == "--scrape-key-file")
+        );
+    }
 
     #[test]
     fn the_pool_selects_the_engine_pods_and_names_the_pickers_service() {
