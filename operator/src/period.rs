@@ -213,25 +213,18 @@ impl ControlPeriod {
             });
             pickers.held(&replicas.pickers).await
         };
-        for (picker, requests) in lost_holds(&self.held_by_picker, &replicas.picker_restarts) {
+        let answered = held.as_ref().map_or(&[][..], |h| &h.by_picker[..]);
+        let (lost, kept) = follow_holds(&self.held_by_picker, answered, &replicas.picker_restarts);
+        for (picker, requests) in lost {
             tracing::warn!(
                 namespace = %self.namespace,
                 service = %self.name,
                 picker = %picker,
                 held = requests,
-                "a gateway picker went away or restarted while holding {requests} requests: those are lost (their clients saw the connection reset); the requests it had sent on are not affected"
+                "a gateway picker went away or restarted while holding {requests} requests: those are lost (their clients got an error from the proxy in front, not an answer); the requests it had sent on are not affected"
             );
         }
-        self.held_by_picker = held
-            .iter()
-            .flat_map(|h| h.by_picker.iter())
-            .filter_map(|(name, requests)| {
-                Some((
-                    name.clone(),
-                    (*requests, *replicas.picker_restarts.get(name)?),
-                ))
-            })
-            .collect();
+        self.held_by_picker = kept;
         let mut fleet = self
             .tracker
             .observe_outcomes(Instant::now(), &outcomes, replicas.starting);
@@ -421,19 +414,35 @@ pub fn record_state(
     metrics.record_conditions(namespace, name, conditions);
 }
 
-/// The pickers that held requests at the last period (`before`: requests and restarts
-/// then) and have since gone or restarted (`now`: every picker pod's restarts): their held
-/// requests died with the process. `(picker, requests)`, by name.
-pub fn lost_holds(
+/// What each picker holds, followed across periods. `before`: each picker's held
+/// requests and restarts as last known; `answered`: what pickers answered this period;
+/// `restarts`: every picker pod now, with its restarts. Returns the pickers that held
+/// requests and have since gone or restarted (their requests died with the process:
+/// `(picker, requests)`, by name), and the new record: a picker that answered, at what it
+/// answered; one that did not (unready, not scraped) at what it last held, until it
+/// answers again, restarts or goes.
+pub fn follow_holds(
     before: &BTreeMap<String, (f64, i32)>,
-    now: &BTreeMap<String, i32>,
-) -> Vec<(String, f64)> {
-    before
+    answered: &[(String, f64)],
+    restarts: &BTreeMap<String, i32>,
+) -> (Vec<(String, f64)>, BTreeMap<String, (f64, i32)>) {
+    let lost = before
         .iter()
         .filter(|(_, (requests, _))| *requests > 0.0)
-        .filter(|(name, (_, restarts))| now.get(*name).is_none_or(|r| r > restarts))
+        .filter(|(name, (_, then))| restarts.get(*name).is_none_or(|now| now > then))
         .map(|(name, (requests, _))| (name.clone(), *requests))
-        .collect()
+        .collect();
+    let mut kept: BTreeMap<String, (f64, i32)> = before
+        .iter()
+        .filter(|(name, (_, then))| restarts.get(*name) == Some(then))
+        .map(|(name, v)| (name.clone(), *v))
+        .collect();
+    for (name, requests) in answered {
+        if let Some(&now) = restarts.get(name) {
+            kept.insert(name.clone(), (*requests, now));
+        }
+    }
+    (lost, kept)
 }
 
 #[cfg(test)]
@@ -457,13 +466,33 @@ mod tests {
             ("epp-c".to_string(), (4.0, 0)),
             ("epp-d".to_string(), (0.0, 0)),
         ]);
-        // a restarted, b is as it was (it sent its two on), c is gone, d held nothing.
-        let now = BTreeMap::from([("epp-a".to_string(), 1), ("epp-b".to_string(), 1)]);
+        // a restarted, b sent its two on, c is gone, d held nothing and is not scraped.
+        let restarts = BTreeMap::from([
+            ("epp-a".to_string(), 1),
+            ("epp-b".to_string(), 1),
+            ("epp-d".to_string(), 0),
+        ]);
+        let (lost, kept) = follow_holds(&before, &[("epp-b".to_string(), 0.0)], &restarts);
         assert_eq!(
-            lost_holds(&before, &now),
+            lost,
             [("epp-a".to_string(), 3.0), ("epp-c".to_string(), 4.0)]
         );
-        assert!(lost_holds(&BTreeMap::new(), &now).is_empty());
+        assert_eq!(
+            kept,
+            BTreeMap::from([
+                ("epp-b".to_string(), (0.0, 1)),
+                ("epp-d".to_string(), (0.0, 0)),
+            ])
+        );
+        // A picker that turns unready holding requests is remembered at what it held, so
+        // its restart, periods later, is still seen as a loss.
+        let held = BTreeMap::from([("epp-a".to_string(), (3.0, 0))]);
+        let unready = BTreeMap::from([("epp-a".to_string(), 0)]);
+        let (lost, kept) = follow_holds(&held, &[], &unready);
+        assert!(lost.is_empty());
+        assert_eq!(kept, held);
+        let (lost, _) = follow_holds(&kept, &[], &BTreeMap::from([("epp-a".to_string(), 1)]));
+        assert_eq!(lost, [("epp-a".to_string(), 3.0)]);
     }
 
     #[tokio::test]
