@@ -249,6 +249,13 @@ async fn gateway(
     let Some(want) = desired else {
         return remove_gateway(ctx, &ns, &name, live).await;
     };
+    // Another service's objects hold the picker's name: yield (the condition says why).
+    if live
+        .taken(isvc.uid().as_deref().unwrap_or_default())
+        .is_some()
+    {
+        return Ok(());
+    }
     macro_rules! put {
         ($kind:literal, $live:expr, $want:expr) => {{
             let written =

@@ -148,9 +148,13 @@ pub const GATEWAY_CONDITION: &str = "GatewayReady";
 /// Its reason while the InferencePool CRD is not installed (also the Event's reason).
 pub const GATEWAY_UNAVAILABLE: &str = "GatewayUnavailable";
 
+/// Its reason while another resource controls an object named like the picker.
+pub const PICKER_NAME_TAKEN: &str = "PickerNameTaken";
+
 /// `GatewayReady` of a service whose spec asks for a gateway: `False` with
 /// [`GATEWAY_UNAVAILABLE`] while the InferencePool CRD is missing (the service is served
-/// as without a gateway), `False` with `PickerNotReady` while no picker pod is ready,
+/// as without a gateway), `False` with [`PICKER_NAME_TAKEN`] while another resource holds
+/// the picker's name, `False` with `PickerNotReady` while no picker pod is ready,
 /// else `True`. `None` without `spec.gateway.enabled` (a condition set before is removed).
 pub fn gateway_condition(
     isvc: &InferenceService,
@@ -172,6 +176,15 @@ pub fn gateway_condition(
             message: format!(
                 "spec.gateway.enabled needs the InferencePool CRD ({}, version v1), which this cluster does not serve: install the Gateway API Inference Extension's CRDs; until then the service is served without a gateway",
                 ballast_crds::inference_pool::RESOURCE
+            ),
+        }
+    } else if let Some(taken) = live.taken(isvc.uid().as_deref().unwrap_or_default()) {
+        ConditionSet {
+            type_: GATEWAY_CONDITION,
+            status: false,
+            reason: PICKER_NAME_TAKEN,
+            message: format!(
+                "the picker's name {picker} is taken in {ns}: {taken}; the gateway is not made (rename this InferenceService or the other)"
             ),
         }
     } else if live.ready_pickers == 0 {

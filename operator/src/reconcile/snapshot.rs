@@ -289,6 +289,45 @@ impl GatewayLive {
             || self.pdb.is_some()
     }
 
+    /// An object named like the picker that another resource controls (an InferenceService
+    /// named `NAME-epp` has engine objects of that name): `"KIND NAME (controlled by
+    /// KIND NAME)"`. The picker then yields: the operator writes none of the gateway's
+    /// objects for the service whose `uid` is given.
+    pub fn taken(&self, uid: &str) -> Option<String> {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        use kube::Resource;
+        let metas: [(&str, Option<&ObjectMeta>); 6] = [
+            (
+                "ServiceAccount",
+                self.service_account.as_deref().map(|o| o.meta()),
+            ),
+            ("Role", self.role.as_deref().map(|o| o.meta())),
+            (
+                "RoleBinding",
+                self.role_binding.as_deref().map(|o| o.meta()),
+            ),
+            ("Deployment", self.deployment.as_deref().map(|o| o.meta())),
+            ("Service", self.service.as_deref().map(|o| o.meta())),
+            ("PodDisruptionBudget", self.pdb.as_deref().map(|o| o.meta())),
+        ];
+        metas.into_iter().find_map(|(kind, meta)| {
+            let meta = meta?;
+            let owner = meta
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|r| r.controller == Some(true))?;
+            (owner.uid != uid).then(|| {
+                format!(
+                    "{kind} {} (controlled by {} {})",
+                    meta.name.as_deref().unwrap_or_default(),
+                    owner.kind,
+                    owner.name
+                )
+            })
+        })
+    }
+
     /// Reads the gateway of service `name` in `ns` from the caches.
     pub async fn read(cache: &Cache, ns: &str, name: &str) -> Result<GatewayLive, kube::Error> {
         let picker = super::names::picker_name(name);
@@ -527,6 +566,37 @@ mod tests {
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn a_picker_name_held_by_another_service_is_taken() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let owned_by = |uid: &str, controller: bool| Deployment {
+            metadata: ObjectMeta {
+                name: Some("chat-epp".into()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "ballast.dev/v1alpha1".into(),
+                    kind: "InferenceService".into(),
+                    name: if uid == "mine" { "chat" } else { "chat-epp" }.into(),
+                    uid: uid.into(),
+                    controller: Some(controller),
+                    block_owner_deletion: None,
+                }]),
+                ..ObjectMeta::default()
+            },
+            ..Deployment::default()
+        };
+        let live = |d: Deployment| GatewayLive {
+            deployment: Some(Arc::new(d)),
+            ..GatewayLive::default()
+        };
+        assert_eq!(
+            live(owned_by("theirs", true)).taken("mine").as_deref(),
+            Some("Deployment chat-epp (controlled by InferenceService chat-epp)")
+        );
+        assert_eq!(live(owned_by("mine", true)).taken("mine"), None);
+        assert_eq!(live(owned_by("theirs", false)).taken("mine"), None);
+        assert_eq!(GatewayLive::default().taken("mine"), None);
+    }
 
     fn pod(name: &str, conditions: &[(&str, &str)], ip: Option<&str>, deleting: bool) -> Pod {
         Pod {
