@@ -309,6 +309,31 @@ fn bench(url: &str, report: &Path, args: &[&str]) -> Child {
         .unwrap()
 }
 
+/// `ballast bench` against `url` in the background with `args` and `--ignore-eos`, its
+/// output discarded: load that heats a pod, whose outcome the test does not judge.
+fn quiet_bench(url: &str, args: &[&str]) -> Child {
+    Command::new(ballast())
+        .args(["bench", "--url", url, "--ignore-eos", "--no-progress"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The load step that scales a fleet of `maxNumSeqs: 2` engines up: 16 clients for 14 s.
+const SCALE_UP_LOAD: &[&str] = &[
+    "--concurrency",
+    "16",
+    "--duration",
+    "14",
+    "--input-len",
+    "32",
+    "--output-len",
+    "300",
+    "--ignore-eos",
+];
+
 /// Waits for a bench started by [`bench`] and returns its report; panics if any request
 /// failed or fewer than `min_ok` succeeded.
 fn bench_report(mut child: Child, report: &Path, min_ok: u64, what: &str) -> Value {
@@ -682,21 +707,7 @@ fn ballast_on_a_real_cluster() {
     // window; no request failed.
     let chat_url = w.service_url("chat");
     let report = dir.join("bench.json");
-    let load = bench(
-        &chat_url,
-        &report,
-        &[
-            "--concurrency",
-            "16",
-            "--duration",
-            "14",
-            "--input-len",
-            "32",
-            "--output-len",
-            "300",
-            "--ignore-eos",
-        ],
-    );
+    let load = bench(&chat_url, &report, SCALE_UP_LOAD);
     let load_start = Instant::now();
     w.wait_for("a scale-up", Duration::from_secs(30), || {
         let d = w.json(&["get", "deployment", "chat", "-n", NS]);
@@ -1135,11 +1146,9 @@ fn ballast_on_a_real_cluster() {
     w.wait_for("both hot endpoints ready", Duration::from_secs(30), || {
         (w.ready_endpoints("hot").len() == 2).then_some(())
     });
-    let mut pinned = Command::new(ballast())
-        .args([
-            "bench",
-            "--url",
-            &format!("http://{target_ip}:8000"),
+    let mut pinned = quiet_bench(
+        &format!("http://{target_ip}:8000"),
+        &[
             "--concurrency",
             "2",
             "--duration",
@@ -1148,13 +1157,8 @@ fn ballast_on_a_real_cluster() {
             "380",
             "--output-len",
             "100",
-            "--ignore-eos",
-            "--no-progress",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let gate = |pod: &str| {
         w.json(&["get", "pod", pod, "-n", NS])["status"]["conditions"]
             .as_array()
@@ -1730,6 +1734,10 @@ fn ballast_on_a_real_cluster() {
     );
     // ---- end of 13 ----------------------------------------------------------------------
 
+    // 15 (before 14, which stops this release's operator): the gateway in the request
+    // path, Envoy in front of an InferencePool, scale to zero and back.
+    the_gateway_in_the_request_path(&w);
+
     // 14. A second release of the same name, confined to one namespace (issue 36): Helm
     // installs it beside the first (no cluster-scoped name in common), it gets a Role in
     // its namespace and no cluster-wide right, reconciles there and ignores the rest. The
@@ -1987,4 +1995,554 @@ spec:
     );
     cp.kubectl(&["delete", "inferenceservice", "smol", "-n", NS])
         .unwrap();
+}
+
+// ---- 15. The gateway in the request path (issue 48) ------------------------------------
+
+/// The gateway phase's InferenceService: a picker in front of it (one, so its metrics are
+/// the pool's), 0 to 3 replicas starting at one, zero after 6 idle seconds.
+const EDGE: &str = "{replicas: 1, model: {source: 'synthetic:tiny'}, engine: {maxNumSeqs: 2}, gateway: {enabled: true, replicas: 1}, autoscaling: {minReplicas: 0, maxReplicas: 3, scaleToZeroAfterSeconds: 6, behavior: {scaleDown: {stabilizationWindowSeconds: 6}}}, metrics: {scrapeIntervalSeconds: 2, scrapeTimeoutSeconds: 1}}";
+
+/// The selector of `edge`'s picker pods.
+const PICKER_PODS: &str = "app.kubernetes.io/instance=edge,app.kubernetes.io/name=ballast-gateway";
+
+/// `edge`'s picker pods: `(name, http://IP:9090/metrics)` of those running with an IP.
+fn pickers(w: &World) -> Vec<(String, String)> {
+    w.pods(PICKER_PODS)
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| {
+            Some((
+                p["metadata"]["name"].as_str()?.to_string(),
+                format!("http://{}:9090/metrics", p["status"]["podIP"].as_str()?),
+            ))
+        })
+        .collect()
+}
+
+/// The sum of a picker's series `name` over the samples whose labels contain `with`.
+fn picker_sum(metrics: &str, name: &str, with: &str) -> f64 {
+    get(metrics)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A condition of InferenceService `name` by type.
+fn condition(w: &World, name: &str, type_: &str) -> Value {
+    w.status(name)["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// Step 15: Envoy (the PyPI build, on the host) in front of `edge`'s InferencePool, whose
+/// picker the operator runs on the node. Without the GIE CRD the service says why and is
+/// served as before; with it, load through Envoy sees no failure while the fleet scales
+/// up, is rolled and loses a pod; requests go around a pod made hot; idle, the fleet goes
+/// to zero; and twenty requests sent at zero are held by the picker, bring a replica back
+/// and are all answered.
+fn the_gateway_in_the_request_path(w: &World) {
+    let Some(envoy) = crate::gateway::envoy() else {
+        eprintln!("SKIPPED: the gateway phase: no Envoy");
+        return;
+    };
+    let cp = w.cp();
+    let dir = &w.dir;
+
+    // Before the CRD: a condition naming it; the engines are served as without a gateway.
+    cp.apply(&isvc("edge", EDGE)).unwrap();
+    let c = w.wait_for("GatewayUnavailable", Duration::from_secs(60), || {
+        let c = condition(w, "edge", "GatewayReady");
+        (c["reason"] == "GatewayUnavailable").then_some(c)
+    });
+    assert_eq!(c["status"], "False", "{c}");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("inferencepools.inference.networking.k8s.io"),
+        "{c}"
+    );
+    w.wait_for(
+        "edge served without a gateway",
+        Duration::from_secs(90),
+        || (w.status("edge")["readyReplicas"] == 1).then_some(()),
+    );
+
+    // The CRD installed: the operator finds it (discovery every 10 s) and makes the pool
+    // and its picker, owned by the InferenceService.
+    let gie = Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/gie/inferencepools.yaml");
+    cp.kubectl(&["apply", "-f", gie.to_str().unwrap()]).unwrap();
+    let installed = Instant::now();
+    let c = w.wait_for("GatewayReady True", Duration::from_secs(90), || {
+        let c = condition(w, "edge", "GatewayReady");
+        (c["status"] == "True").then_some(c)
+    });
+    eprintln!(
+        "GIE CRD applied → GatewayReady {:?}: {}",
+        installed.elapsed(),
+        c["message"]
+    );
+    let uid = w.json(&["get", "inferenceservice", "edge", "-n", NS])["metadata"]["uid"].clone();
+    let pool = w.json(&[
+        "get",
+        "inferencepools.inference.networking.k8s.io",
+        "edge",
+        "-n",
+        NS,
+    ]);
+    assert_eq!(pool["metadata"]["ownerReferences"][0]["uid"], uid, "{pool}");
+    assert_eq!(pool["spec"]["targetPorts"][0]["number"], 8000, "{pool}");
+    assert_eq!(
+        pool["spec"]["endpointPickerRef"]["name"], "edge-epp",
+        "{pool}"
+    );
+    assert_eq!(
+        pool["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"], "edge",
+        "{pool}"
+    );
+    for kind in [
+        "deployment",
+        "service",
+        "poddisruptionbudget",
+        "serviceaccount",
+        "role",
+        "rolebinding",
+    ] {
+        let o = w.json(&["get", kind, "edge-epp", "-n", NS]);
+        assert_eq!(
+            o["metadata"]["ownerReferences"][0]["uid"], uid,
+            "{kind} edge-epp owned"
+        );
+    }
+    let picker = w.json(&["get", "service", "edge-epp", "-n", NS]);
+    let picker_ip = picker["spec"]["clusterIP"].as_str().expect("a cluster IP");
+    let gateway: std::net::SocketAddr = format!("{picker_ip}:9002").parse().unwrap();
+
+    // Envoy on the host, its ext_proc cluster the picker's Service (through kube-proxy),
+    // its pool an ORIGINAL_DST cluster: no list of pods, each request where the picker says.
+    let proxy = crate::gateway::spawn_envoy_from(
+        ballast_gateway::envoy::INFERENCE_POOL,
+        &envoy,
+        dir,
+        gateway,
+        false,
+        &[],
+    );
+    let [(picker_pod, metrics)] = <[_; 1]>::try_from(pickers(w)).expect("one picker pod");
+    w.wait_for("a request through Envoy", Duration::from_secs(30), || {
+        let r = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-d"])
+            .arg(r#"{"model":"edge","prompt":"hi","max_tokens":2}"#)
+            .args(["-H", "content-type: application/json"])
+            .arg(format!("{}/v1/completions", proxy.url))
+            .output()
+            .ok()?;
+        (String::from_utf8_lossy(&r.stdout) == "200").then_some(())
+    });
+
+    // Load through Envoy while the fleet scales up: no request fails, and the picker
+    // sends to the new pods as soon as they are ready.
+    let report = dir.join("gateway-scale-up.json");
+    let load = bench(&proxy.url, &report, SCALE_UP_LOAD);
+    let load_start = Instant::now();
+    w.wait_for(
+        "edge scaled up under load through Envoy",
+        Duration::from_secs(30),
+        || (w.status("edge")["readyReplicas"].as_i64() > Some(1)).then_some(()),
+    );
+    eprintln!(
+        "gateway: load through Envoy → a second ready pod in {:?}",
+        load_start.elapsed()
+    );
+    w.wait_for(
+        "the picker sending to two pods",
+        Duration::from_secs(20),
+        || {
+            let endpoints = get(&metrics)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("ballast_gateway_picks_total{"))
+                .filter_map(|l| {
+                    l.split("endpoint=\"")
+                        .nth(1)?
+                        .split('"')
+                        .next()
+                        .map(str::to_string)
+                })
+                .collect::<std::collections::BTreeSet<_>>();
+            (endpoints.len() > 1).then_some(())
+        },
+    );
+    let r = bench_report(load, &report, 17, "load through Envoy while edge scaled up");
+    eprintln!(
+        "gateway: scale-up under load: {} ok, 0 failed",
+        r["requests"]["ok"]
+    );
+
+    // Rolled, then a pod lost, under load: still none fails (the picker drops a pod the
+    // moment it is unready or being deleted; the engine drains what it holds).
+    let report = dir.join("gateway-roll.json");
+    let steady = [
+        "--concurrency",
+        "2",
+        "--input-len",
+        "16",
+        "--output-len",
+        "40",
+        "--ignore-eos",
+    ];
+    let load = bench(
+        &proxy.url,
+        &report,
+        &[&steady[..], &["--duration", "25"]].concat(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    cp.apply(&isvc(
+        "edge",
+        &EDGE.replace("maxNumSeqs: 2", "maxNumSeqs: 3"),
+    ))
+    .unwrap();
+    w.wait_for(
+        "edge rolled under load through Envoy",
+        Duration::from_secs(90),
+        || {
+            let d = w.json(&["get", "deployment", "edge", "-n", NS]);
+            let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+            let st = &d["status"];
+            (args.contains(r#""--max-num-seqs","3""#)
+                && st["observedGeneration"] == d["metadata"]["generation"]
+                && st["updatedReplicas"] == st["replicas"]
+                && st["readyReplicas"] == st["replicas"])
+                .then_some(())
+        },
+    );
+    let r = bench_report(load, &report, 10, "load through Envoy while edge rolled");
+    eprintln!(
+        "gateway: a roll under load: {} ok, 0 failed",
+        r["requests"]["ok"]
+    );
+    let report = dir.join("gateway-pod-lost.json");
+    let load = bench(
+        &proxy.url,
+        &report,
+        &[&steady[..], &["--duration", "12"]].concat(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let victim = w.pods(&selector("edge"))[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    cp.kubectl(&["delete", "pod", &victim, "-n", NS, "--wait=false"])
+        .unwrap();
+    let r = bench_report(load, &report, 5, "load through Envoy while edge lost a pod");
+    eprintln!(
+        "gateway: a pod deleted ({victim}) under load: {} ok, 0 failed",
+        r["requests"]["ok"]
+    );
+
+    // Routing away from a hot pod: two replicas held, one loaded straight at its IP
+    // (past Envoy); requests through Envoy go to the other.
+    cp.apply(&isvc(
+        "edge",
+        &EDGE
+            .replace("maxNumSeqs: 2", "maxNumSeqs: 3")
+            .replace("minReplicas: 0", "minReplicas: 2"),
+    ))
+    .unwrap();
+    // The pool's endpoints by pod name (the picker's metrics label them so): `(name, ip)`.
+    let two = w.wait_for("two edge pods in the pool", Duration::from_secs(90), || {
+        let ips = w.ready_endpoints("edge");
+        let pods: Vec<(String, String)> = w
+            .pods(&selector("edge"))
+            .iter()
+            .filter_map(|p| {
+                let ip = p["status"]["podIP"].as_str()?;
+                ips.iter()
+                    .any(|i| i == ip)
+                    .then(|| Some((p["metadata"]["name"].as_str()?.to_string(), ip.to_string())))?
+            })
+            .collect();
+        (ips.len() == 2 && pods.len() == 2 && w.status("edge")["readyReplicas"] == 2)
+            .then_some(pods)
+    });
+    let (hot_pod, cool_pod) = (two[0].0.clone(), two[1].0.clone());
+    let (hot, cool) = (format!("{}:8000", two[0].1), format!("{}:8000", two[1].1));
+    let mut pinned = quiet_bench(
+        &format!("http://{hot}"),
+        &[
+            "--concurrency",
+            "8",
+            "--duration",
+            "30",
+            "--input-len",
+            "16",
+            "--output-len",
+            "400",
+        ],
+    );
+    let engine_waiting = |ip: &str| {
+        get(&format!("http://{ip}/metrics"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                l.starts_with("ballast_num_requests_waiting_by_reason{")
+                    && l.contains("reason=\"capacity\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    w.wait_for("a queue on the hot pod", Duration::from_secs(20), || {
+        (engine_waiting(&hot) >= 3.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let picked = |endpoint: &str| {
+        picker_sum(
+            &metrics,
+            "ballast_gateway_picks_total",
+            &format!("endpoint=\"{endpoint}\""),
+        )
+    };
+    let (hot0, cool0) = (picked(&hot_pod), picked(&cool_pod));
+    let short = dir.join("gateway-hot.json");
+    let r = bench_report(
+        bench(
+            &proxy.url,
+            &short,
+            &[
+                "--model",
+                "edge",
+                "--num-requests",
+                "10",
+                "--input-len",
+                "8",
+                "--output-len",
+                "2",
+            ],
+        ),
+        &short,
+        10,
+        "requests through Envoy beside a hot pod",
+    );
+    let (to_hot, to_cool) = (picked(&hot_pod) - hot0, picked(&cool_pod) - cool0);
+    let _ = pinned.kill();
+    let _ = pinned.wait();
+    let idle_from = Instant::now();
+    eprintln!(
+        "gateway: beside a hot pod ({hot_pod} at {hot}, queue ≥ 3): {to_cool} of 10 to the cool one ({cool_pod} at {cool}), {to_hot} to the hot one ({} ok)",
+        r["requests"]["ok"]
+    );
+    // Ten requests, and bench's start-up probe of /v1/models: all to the cool pod.
+    assert!(
+        to_hot == 0.0 && to_cool >= 10.0,
+        "requests went to the hot pod ({to_hot}) or elsewhere ({to_cool} of 10 to the cool one); pickers now {:?}, {metrics}:\n{}",
+        pickers(w),
+        get(&metrics).unwrap_or_default()
+    );
+
+    // Idle: after scaleToZeroAfterSeconds (6) without a request the operator scales to 0.
+    cp.apply(&isvc(
+        "edge",
+        &EDGE.replace("maxNumSeqs: 2", "maxNumSeqs: 3"),
+    ))
+    .unwrap();
+    let s = w.wait_for("edge scaled to zero", Duration::from_secs(90), || {
+        let s = w.status("edge");
+        (s["lastDecision"]["reason"] == "ScaledToZero" || s["desiredReplicas"] == 0).then_some(s)
+    });
+    eprintln!(
+        "gateway: last request → desiredReplicas 0 in {:?}: {}",
+        idle_from.elapsed(),
+        s["lastDecision"]["message"]
+    );
+    w.wait_for("edge's pods gone", Duration::from_secs(90), || {
+        (w.pods(&selector("edge")).is_empty() && w.status("edge")["replicas"] == 0).then_some(())
+    });
+    let events = cp
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "involvedObject.name=edge",
+        ])
+        .unwrap();
+    assert!(events.contains("ScaledToZero"), "{events}");
+    let held = picker_sum(&metrics, "ballast_gateway_held_requests", "pool=\"edge\"");
+    assert_eq!(held, 0.0, "nothing held before the requests come");
+
+    // A picker that crashes while holding requests loses those and only those: the
+    // autoscaler off at 0 replicas (so nothing is sent on), three requests held and seen
+    // by the operator, then the picker's process killed. Envoy answers their clients with
+    // an error, the operator logs the count, and the kubelet restarts the picker.
+    let at_zero = EDGE
+        .replace("maxNumSeqs: 2", "maxNumSeqs: 3")
+        .replace("replicas: 1,", "replicas: 0,");
+    cp.apply(&isvc(
+        "edge",
+        &at_zero.replace("autoscaling: {", "autoscaling: {enabled: false, "),
+    ))
+    .unwrap();
+    let curl = |body: &str| {
+        Command::new("curl")
+            .args(["-sN", "-o", "/dev/null", "--max-time", "120"])
+            .args(["-w", "%{http_code} %{time_starttransfer}"])
+            .args(["-H", "content-type: application/json", "-d", body])
+            .arg(format!("{}/v1/completions", proxy.url))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let body = r#"{"model":"edge","prompt":"Once upon a time","max_tokens":8,"ignore_eos":true,"stream":true}"#;
+    let doomed: Vec<Child> = (0..3).map(|_| curl(body)).collect();
+    w.wait_for(
+        "the operator seeing three held",
+        Duration::from_secs(20),
+        || {
+            (w.status("edge")["lastDecision"]["signals"]["heldRequests"].as_f64() == Some(3.0))
+                .then_some(())
+        },
+    );
+    let pid = w.container_pid(NS, &picker_pod).expect("the picker's pid");
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let answers: Vec<String> = doomed
+        .into_iter()
+        .map(|c| String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).to_string())
+        .collect();
+    assert!(
+        answers.iter().all(|a| !a.starts_with("200")),
+        "a request held by the killed picker was answered: {answers:?}"
+    );
+    let restarted = w.wait_for(
+        "the operator logging the lost requests",
+        Duration::from_secs(30),
+        || {
+            let logs = cp
+                .kubectl(&[
+                    "logs",
+                    "-n",
+                    OPERATOR_NS,
+                    "-l",
+                    "app.kubernetes.io/component=operator",
+                    "--tail",
+                    "200",
+                ])
+                .ok()?;
+            logs.lines()
+                .find(|l| l.contains("while holding 3 requests") && l.contains(picker_pod.as_str()))
+                .map(str::to_string)
+        },
+    );
+    eprintln!(
+        "gateway: picker killed holding 3 requests; their clients got (code, first byte) {answers:?}; the operator: {restarted}"
+    );
+    w.wait_for(
+        "the picker restarted and ready",
+        Duration::from_secs(60),
+        || {
+            let p = w.json(&["get", "pod", &picker_pod, "-n", NS]);
+            let st = &p["status"]["containerStatuses"][0];
+            (st["restartCount"] == 1 && st["ready"] == true).then_some(())
+        },
+    );
+    cp.apply(&isvc("edge", &at_zero)).unwrap();
+    w.wait_for(
+        "Envoy's health check finding the picker",
+        Duration::from_secs(30),
+        || {
+            let text = get(&format!("{}/clusters", proxy.admin)).unwrap_or_default();
+            text.lines()
+                .any(|l| l.starts_with("gateway::") && l.contains("health_flags::healthy"))
+                .then_some(())
+        },
+    );
+
+    // At zero: twenty streamed requests at once. The picker holds them, the operator sees
+    // them held and scales to one within a period, and the picker sends them on when the
+    // pod is ready: every one answered; the time to its first byte is the cold start.
+    // Twenty curl clients at once (curl, not bench: bench probes /v1/models first, and
+    // that probe would be the one held), each streaming; curl times its first byte.
+    let sent = Instant::now();
+    let clients: Vec<Child> = (0..20).map(|_| curl(body)).collect();
+    let seen = w.wait_for(
+        "the picker holding all twenty requests",
+        Duration::from_secs(20),
+        || {
+            let n = picker_sum(&metrics, "ballast_gateway_held_requests", "pool=\"edge\"");
+            (n >= 20.0).then_some(n)
+        },
+    );
+    let mut first_bytes: Vec<f64> = clients
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            let out = String::from_utf8_lossy(&out.stdout).to_string();
+            let (code, ttfb) = out.split_once(' ').unwrap_or((&out, ""));
+            assert_eq!(code, "200", "a request sent at zero replicas: {out}");
+            ttfb.parse::<f64>().unwrap()
+        })
+        .collect();
+    first_bytes.sort_by(f64::total_cmp);
+    eprintln!(
+        "gateway: cold start from zero: 20 streamed requests through Envoy ({seen} held at once), 20 answered 200, 0 failed, all done in {:?}; first request → first byte: first {:.2} s, median {:.2} s, last {:.2} s",
+        sent.elapsed(),
+        first_bytes[0],
+        first_bytes[10],
+        first_bytes[19]
+    );
+    let events = cp
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "involvedObject.name=edge",
+        ])
+        .unwrap();
+    assert!(events.contains("HeldRequests"), "{events}");
+    assert_eq!(
+        picker_sum(&metrics, "ballast_gateway_held_requests", "pool=\"edge\""),
+        0.0
+    );
+    assert!(
+        w.pods(PICKER_PODS)
+            .iter()
+            .any(|p| p["metadata"]["name"] == picker_pod.as_str()),
+        "the picker pod is the one restarted once"
+    );
+    drop(proxy);
+
+    // Deleting the service collects the pool and the picker with it.
+    cp.kubectl(&["delete", "inferenceservice", "edge", "-n", NS])
+        .unwrap();
+    w.wait_for(
+        "edge's gateway objects collected",
+        Duration::from_secs(60),
+        || {
+            let gone = w
+                .json(&[
+                    "get",
+                    "inferencepools.inference.networking.k8s.io",
+                    "edge",
+                    "-n",
+                    NS,
+                ])
+                .is_null()
+                && w.json(&["get", "deployment", "edge-epp", "-n", NS])
+                    .is_null();
+            gone.then_some(())
+        },
+    );
 }
