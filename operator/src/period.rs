@@ -89,8 +89,11 @@ pub struct ControlPeriod {
     /// The scraper of the gateway pickers' `/metrics`, once there are pickers.
     pickers: Option<Scraper>,
     /// What each picker held at the last period, with its restarts then.
-    held_by_picker: BTreeMap<String, (f64, i32)>,
+    held_by_picker: Holds,
 }
+
+/// Each picker's held requests and container restarts as last known, by pod name.
+pub type Holds = BTreeMap<String, (f64, i32)>;
 
 impl ControlPeriod {
     /// A service's control period, labelled `namespace`/`name` in metrics and logs; the
@@ -422,17 +425,17 @@ pub fn record_state(
 /// answered; one that did not (unready, not scraped) at what it last held, until it
 /// answers again, restarts or goes.
 pub fn follow_holds(
-    before: &BTreeMap<String, (f64, i32)>,
+    before: &Holds,
     answered: &[(String, f64)],
     restarts: &BTreeMap<String, i32>,
-) -> (Vec<(String, f64)>, BTreeMap<String, (f64, i32)>) {
+) -> (Vec<(String, f64)>, Holds) {
     let lost = before
         .iter()
         .filter(|(_, (requests, _))| *requests > 0.0)
         .filter(|(name, (_, then))| restarts.get(*name).is_none_or(|now| now > then))
         .map(|(name, (requests, _))| (name.clone(), *requests))
         .collect();
-    let mut kept: BTreeMap<String, (f64, i32)> = before
+    let mut kept: Holds = before
         .iter()
         .filter(|(name, (_, then))| restarts.get(*name) == Some(then))
         .map(|(name, v)| (name.clone(), *v))
