@@ -40,6 +40,12 @@ use serde::{Deserialize, Serialize};
         description = "Model source"
     ),
     printcolumn(
+        name = "Mode",
+        type_ = "string",
+        json_path = ".spec.autoscaling.mode",
+        description = "Act: decisions applied; Advise: shown only"
+    ),
+    printcolumn(
         name = "Desired",
         type_ = "integer",
         json_path = ".status.desiredReplicas",
@@ -131,6 +137,28 @@ pub struct GatewaySpec {
 
 const GATEWAY_REPLICAS: &str = "gateway.replicas must be 1..16";
 const MIN_ZERO_NEEDS_GATEWAY: &str = "autoscaling.minReplicas: 0 needs gateway.enabled: true: at zero replicas only the gateway holds arriving requests and reports them as demand, so without it nothing would scale the service back up";
+
+/// Whether the operator applies its decisions (`spec.autoscaling.mode`).
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum AutoscalingMode {
+    // Decisions are applied.
+    #[default]
+    Act,
+    // Decisions are made, shown and explained, never applied.
+    Advise,
+}
+
+impl AutoscalingMode {
+    /// The value as the spec writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AutoscalingMode::Act => "Act",
+            AutoscalingMode::Advise => "Advise",
+        }
+    }
+}
 
 /// `endpointPickerRef.failureMode` of an InferencePool.
 #[derive(
@@ -360,6 +388,12 @@ pub struct AutoscalingSpec {
     /// False: follow `spec.replicas` (set by `kubectl scale`, an HPA or KEDA).
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// `Act` (the default) applies each decision; `Advise` scrapes, decides and explains
+    /// the same (status, conditions, Events, metrics, the metrics APIs) but writes no
+    /// replica count, rotation, deletion cost or DP weight: what Ballast would do, beside
+    /// the autoscaler a team runs now.
+    #[serde(default)]
+    pub mode: AutoscalingMode,
     /// Fewest replicas.
     #[serde(default = "one")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0").message("minReplicas must not be negative"))]

@@ -65,3 +65,29 @@ fn zero_min_replicas_needs_the_gateway() {
         .validate()
         .unwrap();
 }
+
+/// `autoscaling.mode` is `Act` unless set; `Advise` parses; anything else is refused
+/// naming the allowed values (the CRD's schema holds the same enum for the API server).
+#[test]
+fn the_autoscaling_mode_is_act_or_advise() {
+    let parse = |extra: &str| {
+        ballast_crds::parse_yaml(&format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: chat}}\nspec:\n  model: {{source: 'synthetic:tiny'}}\n{extra}"
+        ))
+    };
+    let mode = |extra: &str| parse(extra).unwrap().remove(0).spec.autoscaling.mode;
+    assert_eq!(mode(""), ballast_crds::AutoscalingMode::Act);
+    assert_eq!(
+        mode("  autoscaling: {mode: Advise}\n"),
+        ballast_crds::AutoscalingMode::Advise
+    );
+    let err = parse("  autoscaling: {mode: Maybe}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Act") && err.contains("Advise"), "{err}");
+    let crd = ballast_crds::crd_yaml();
+    assert!(
+        crd.contains("- Act\n") && crd.contains("- Advise\n"),
+        "the schema's enum"
+    );
+}

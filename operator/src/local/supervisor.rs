@@ -268,9 +268,9 @@ impl Supervisor {
         }
     }
 
-    /// Acts on a decision: the replica count (processes start or drain at once), the
-    /// router's rotation, DP weights, conditions and status.
-    async fn apply(&mut self, outcome: &Outcome) {
+    /// The replica count (processes start or drain at once), the router's rotation and
+    /// the DP weights of a decision.
+    async fn act(&mut self, outcome: &Outcome) {
         if outcome.desired_replicas != self.desired {
             self.desired = outcome.desired_replicas;
             self.last_scale_time = Some(Timestamp::now().to_string());
@@ -285,6 +285,25 @@ impl Supervisor {
                 Some(format!("http://{}", r.grpc?))
             })
             .await;
+    }
+
+    /// Acts on a decision (or, advising, only says it): the replica count, the router's
+    /// rotation, DP weights, conditions and status.
+    async fn apply(&mut self, outcome: &Outcome) {
+        if self.isvc.spec.autoscaling.mode == ballast_crds::AutoscalingMode::Advise {
+            // Advice: shown in the decision and the condition, nothing acted on.
+            self.set_condition(ConditionSet {
+                type_: "Advising",
+                status: true,
+                reason: "AdviseMode",
+                message: format!(
+                    "spec.autoscaling.mode is Advise: decisions are shown, not applied; {} replicas advised, the fleet runs {}",
+                    outcome.desired_replicas, self.desired
+                ),
+            });
+        } else {
+            self.act(outcome).await;
+        }
         for c in period::conditions(outcome) {
             status::set_condition(
                 &mut self.conditions,

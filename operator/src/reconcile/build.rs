@@ -187,7 +187,12 @@ pub struct Built<'a> {
 pub fn objects<'a>(plan: Plan<'a>, default_image: &str) -> Result<Built<'a>, BuildError> {
     let objects = build(&BuildInput {
         isvc: plan.isvc,
-        replicas: plan.wanted.replicas,
+        // Advising writes no size: the Deployment keeps the one it runs.
+        replicas: if plan.advising.is_some() {
+            plan.current
+        } else {
+            plan.wanted.replicas
+        },
         default_image,
         service_monitor_crd: plan.snapshot.service_monitor.installed(),
         inference_pool_crd: plan.snapshot.gateway.pool.installed(),

@@ -20,6 +20,8 @@ use crate::period::ControlPeriod;
 pub struct Config {
     /// Image for `kind: ballast` replicas whose spec names none.
     pub default_engine_image: String,
+    /// `--advise`: every service is advised, as with `spec.autoscaling.mode: Advise`.
+    pub advise: bool,
 }
 
 /// The replica count a decision wanted, and the generation of the spec it decided on.

@@ -44,6 +44,32 @@ pub struct Plan<'a> {
     /// on: the operator then follows `spec.replicas`, which they write, instead of
     /// fighting them (empty: no conflict).
     pub conflicting_autoscalers: Vec<String>,
+    /// Advising (`spec.autoscaling.mode: Advise` or `ballast operator --advise`): the
+    /// decision is shown, never applied; the size stays `current` and nothing above is
+    /// written.
+    pub advising: Option<Advising>,
+}
+
+/// Why a service is advised rather than acted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advising {
+    /// Its `spec.autoscaling.mode` is `Advise`.
+    Spec,
+    /// The operator runs with `--advise`.
+    Operator,
+}
+
+impl Advising {
+    /// Whether `isvc` is advised, and why (the spec first).
+    pub fn of(isvc: &InferenceService, operator_advises: bool) -> Option<Advising> {
+        if isvc.spec.autoscaling.mode == ballast_crds::AutoscalingMode::Advise {
+            Some(Advising::Spec)
+        } else if operator_advises {
+            Some(Advising::Operator)
+        } else {
+            None
+        }
+    }
 }
 
 /// What the control period learns of the pods: the size, the ready pods' endpoints, how
@@ -151,6 +177,21 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
     } else {
         Vec::new()
     };
+    let advising = Advising::of(isvc, ctx.config.advise);
+    if advising.is_some() {
+        return Plan {
+            isvc,
+            current,
+            wanted,
+            rotation: Vec::new(),
+            deletion_costs: Vec::new(),
+            dp_weights: Vec::new(),
+            outcome,
+            snapshot,
+            conflicting_autoscalers,
+            advising,
+        };
+    }
     Plan {
         isvc,
         current,
@@ -161,6 +202,7 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
         outcome,
         snapshot,
         conflicting_autoscalers,
+        advising,
     }
 }
 

@@ -21,6 +21,7 @@ use super::apply::Applied;
 use super::context::Context;
 use super::error::Error;
 use super::names::FIELD_MANAGER;
+use super::plan::{Advising, Plan};
 use super::snapshot::Snapshot;
 use super::validate::Invalid;
 use crate::period;
@@ -147,6 +148,37 @@ pub fn autoscaler_conflict(
 pub const GATEWAY_CONDITION: &str = "GatewayReady";
 /// Its reason while the InferencePool CRD is not installed (also the Event's reason).
 pub const GATEWAY_UNAVAILABLE: &str = "GatewayUnavailable";
+
+/// The condition type of a service whose decisions are advice only.
+pub const ADVISING_CONDITION: &str = "Advising";
+
+/// `Advising=True` while the plan advises (reason `AdviseMode` from the spec,
+/// `OperatorAdvises` from `--advise`); `None` otherwise (a condition set before is removed).
+fn advising_condition(plan: &Plan<'_>) -> Option<ConditionSet<'static>> {
+    let (reason, why) = match plan.advising? {
+        Advising::Spec => ("AdviseMode", "spec.autoscaling.mode is Advise"),
+        Advising::Operator => ("OperatorAdvises", "the operator runs with --advise"),
+    };
+    Some(ConditionSet {
+        type_: ADVISING_CONDITION,
+        status: true,
+        reason,
+        message: format!(
+            "{why}: decisions are shown, not applied; desiredReplicas {} is advice, the service runs {} (set spec.autoscaling.mode: Act to apply)",
+            plan.wanted.replicas, plan.current
+        ),
+    })
+}
+
+/// The size the last written status advised, if it was advising.
+fn advised_before(isvc: &InferenceService) -> Option<i32> {
+    let status = isvc.status.as_ref()?;
+    let advising = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == ADVISING_CONDITION && c.status == "True");
+    advising.then_some(status.desired_replicas)
+}
 
 /// Its reason while another resource controls an object named like the picker.
 pub const PICKER_NAME_TAKEN: &str = "PickerNameTaken";
@@ -359,6 +391,7 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
         })
         .map(|c| c.message.clone());
     conditions.extend(gateway);
+    conditions.extend(advising_condition(&plan));
     let desired = plan.wanted.replicas;
     let mut s = status_at(
         NewStatus {
@@ -367,7 +400,7 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
             desired,
             decision: outcome.map(|o| o.to_status_decision(now.0.to_string())),
             conditions,
-            scaled: desired != plan.current,
+            scaled: desired != plan.current && plan.advising.is_none(),
             now,
         },
         Progress {
@@ -377,6 +410,9 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
     );
     if !isvc.spec.gateway.enabled {
         s.conditions.retain(|c| c.type_ != GATEWAY_CONDITION);
+    }
+    if plan.advising.is_none() {
+        s.conditions.retain(|c| c.type_ != ADVISING_CONDITION);
     }
     let wrote = write(&Api::namespaced(ctx.client.clone(), &ns), isvc, &s).await?;
     ctx.count_write(&ns, &name, "status", wrote);
@@ -392,13 +428,28 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
             .await;
     }
     if let Some(o) = outcome.filter(|o| o.action != ballast_crds::Action::Hold) {
-        ctx.event(
-            isvc,
-            EventType::Normal,
-            o.reason.as_str(),
-            o.message.clone(),
-        )
-        .await;
+        match plan.advising {
+            None => {
+                ctx.event(
+                    isvc,
+                    EventType::Normal,
+                    o.reason.as_str(),
+                    o.message.clone(),
+                )
+                .await
+            }
+            // Advice is said once per advised size, not every period it stands.
+            Some(_) if advised_before(isvc) != Some(desired) => {
+                ctx.event(
+                    isvc,
+                    EventType::Normal,
+                    &format!("Advise{}", o.reason.as_str()),
+                    format!("advice, not applied: {}", o.message),
+                )
+                .await
+            }
+            Some(_) => {}
+        }
     }
     period::record_state(
         &ctx.metrics,

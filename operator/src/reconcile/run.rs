@@ -105,6 +105,12 @@ pub struct OperatorArgs {
     )]
     pub engine_image: String,
 
+    /// Advise on every InferenceService, as `spec.autoscaling.mode: Advise` does for one:
+    /// scrape, decide and explain (status, conditions, Events, metrics, the metrics APIs),
+    /// but write no replica count, rotation, deletion cost or DP weight.
+    #[arg(long, env = "BALLAST_ADVISE")]
+    pub advise: bool,
+
     /// Run without leader election (one operator replica only).
     #[arg(long, env = "BALLAST_NO_LEADER_ELECTION")]
     pub no_leader_election: bool,
@@ -517,6 +523,7 @@ fn control(
         Cache::with_stores(client.clone(), stores, args.namespace.clone()),
         Config {
             default_engine_image: args.engine_image.clone(),
+            advise: args.advise,
         },
         metrics,
         recorder,

@@ -146,6 +146,7 @@ fn context(server: &Shared) -> Arc<Context> {
         client.clone(),
         Config {
             default_engine_image: "ballast:test".into(),
+            ..Config::default()
         },
         Arc::new(OperatorMetrics::new()),
         Recorder::new(
@@ -334,4 +335,96 @@ async fn pods_that_cannot_run_make_it_degraded_with_an_event_until_they_run() {
     let (degraded, events) = period(&server).await;
     assert_eq!(degraded.unwrap().0, "False");
     assert!(events.is_empty(), "{events:?}");
+}
+
+/// The size the reconciler last patched into the Deployment, if it patched it.
+fn patched_replicas(server: &Shared) -> Option<i64> {
+    let s = server.lock().unwrap();
+    s.calls
+        .iter()
+        .rev()
+        .find(|c| c.method == "PATCH" && c.path.ends_with("/deployments/chat"))
+        .and_then(|c| c.body["spec"]["replicas"].as_i64())
+}
+
+#[tokio::test]
+async fn an_advised_service_shows_its_decision_and_applies_none_until_it_acts() {
+    let server = Shared::default();
+    let spec = |mode: &str| {
+        let mut i = ballast_crds::parse_yaml(&format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: InferenceService\nmetadata: {{name: chat, namespace: default}}\nspec: {{model: {{source: 'synthetic:tiny'}}, autoscaling: {{mode: {mode}, minReplicas: 3, maxReplicas: 4}}}}\n"
+        ))
+        .unwrap()
+        .remove(0);
+        i.metadata.uid = Some("uid".into());
+        i.metadata.generation = Some(1);
+        i
+    };
+    let put = |i: &InferenceService| {
+        let mut v = serde_json::to_value(i).unwrap();
+        let mut s = server.lock().unwrap();
+        if let Some(status) = s.objects.get(ISVC).map(|o| o["status"].clone()) {
+            v["status"] = status;
+        }
+        s.objects.insert(ISVC.into(), v);
+    };
+    put(&spec("Advise"));
+    // The Deployment runs one replica (the team's own autoscaler sized it).
+    server.lock().unwrap().objects.insert(
+        "/apis/apps/v1/namespaces/default/deployments/chat".into(),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "chat", "namespace": "default", "resourceVersion": "1"},
+               "spec": {"replicas": 1}}),
+    );
+
+    let (_, events) = period(&server).await;
+    let status = stored(&server).status.unwrap();
+    assert_eq!(status.desired_replicas, 3, "the advice");
+    assert_eq!(
+        patched_replicas(&server),
+        Some(1),
+        "the size is left as it is"
+    );
+    let advising = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Advising")
+        .expect("an Advising condition");
+    assert_eq!(
+        (advising.status.as_str(), advising.reason.as_str()),
+        ("True", "AdviseMode")
+    );
+    assert!(
+        advising
+            .message
+            .contains("desiredReplicas 3 is advice, the service runs 1")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(_, reason, note)| reason == "AdviseBelowMinReplicas"
+                && note.starts_with("advice, not applied")),
+        "{events:?}"
+    );
+    // The same advice again: said once, not every period.
+    let (_, events) = period(&server).await;
+    assert!(
+        events.iter().all(|(_, r, _)| !r.starts_with("Advise")),
+        "{events:?}"
+    );
+    assert!(
+        patched_replicas(&server).is_none_or(|r| r == 1),
+        "nothing resized"
+    );
+
+    // Act: the standing decision is applied, and the condition goes.
+    put(&spec("Act"));
+    let (_, events) = period(&server).await;
+    assert_eq!(patched_replicas(&server), Some(3));
+    let status = stored(&server).status.unwrap();
+    assert!(status.conditions.iter().all(|c| c.type_ != "Advising"));
+    assert!(
+        events.iter().any(|(_, r, _)| r == "BelowMinReplicas"),
+        "{events:?}"
+    );
 }

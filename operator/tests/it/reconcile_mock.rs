@@ -229,6 +229,7 @@ fn context(server: &Shared) -> Arc<Context> {
         c.clone(),
         Config {
             default_engine_image: "ballast:test".into(),
+            advise: false,
         },
         Arc::new(OperatorMetrics::new()),
         Recorder::new(
