@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::build::Built;
+use super::build::{Built, Desired};
 use super::cache::CrdState;
 use super::context::{Context, ServiceState};
 use super::error::Error;
@@ -71,6 +71,28 @@ pub async fn apply<'a>(
         state.period.set_control_tokens(tokens);
         state.period.set_control_trust(Some(trust));
     }
+    let deployment = engine_objects(ctx, &plan, &objects).await?;
+    gateway(
+        ctx,
+        plan.isvc,
+        objects.gateway.as_ref(),
+        &plan.snapshot.gateway,
+    )
+    .await?;
+    rebalance(ctx, state, &plan, &pods).await?;
+    Ok(Applied { plan, deployment })
+}
+
+/// The service's own objects (Deployment, Service, PDB, ServiceMonitor); returns the
+/// Deployment as the cluster holds it after them.
+async fn engine_objects(
+    ctx: &Context,
+    plan: &Plan<'_>,
+    objects: &Desired,
+) -> Result<Option<Arc<Deployment>>, Error> {
+    let ns = plan.isvc.namespace().unwrap_or_default();
+    let name = plan.isvc.name_any();
+    let client = &ctx.client;
     let snapshot = &plan.snapshot;
     let written = apply_object(
         &Api::namespaced(client.clone(), &ns),
@@ -116,15 +138,26 @@ pub async fn apply<'a>(
         other => other?,
     };
     ctx.count_write(&ns, &name, "servicemonitor", wrote);
-    gateway(ctx, plan.isvc, objects.gateway.as_ref(), &snapshot.gateway).await?;
+    Ok(deployment)
+}
 
+/// The decision's rotation (the pods' accepting gates) and DP weights.
+async fn rebalance(
+    ctx: &Context,
+    state: &mut ServiceState,
+    plan: &Plan<'_>,
+    pods: &Api<Pod>,
+) -> Result<(), Error> {
+    let ns = plan.isvc.namespace().unwrap_or_default();
+    let name = plan.isvc.name_any();
+    let snapshot = &plan.snapshot;
     for (pod, accepting) in &plan.rotation {
         let (reason, message) = if *accepting {
             ("InRotation", "taking new requests")
         } else {
             ("OutOfRotation", "hot: taken out of rotation by rebalancing")
         };
-        set_accepting(&pods, pod, *accepting, reason, message).await?;
+        set_accepting(pods, pod, *accepting, reason, message).await?;
         ctx.count_write(&ns, &name, "pod", true);
     }
     let e = &plan.isvc.spec.engine;
@@ -146,7 +179,7 @@ pub async fn apply<'a>(
             })
             .await;
     }
-    Ok(Applied { plan, deployment })
+    Ok(())
 }
 
 /// Whether `live` holds every field of `desired` with the same value: objects key by key

@@ -102,35 +102,12 @@ pub fn objects(input: &GatewayInput<'_>) -> Result<GatewayObjects, BuildError> {
         match_labels: Some(labels::picker_selector_labels(input.name)),
         ..LabelSelector::default()
     };
+    let (service_account, role, role_binding) = access(input, meta(&picker), &picker);
     Ok(GatewayObjects {
         pool: pool(input)?,
-        service_account: ServiceAccount {
-            metadata: meta(&picker),
-            // The picker reads the API with it; nothing else in its pods does.
-            automount_service_account_token: Some(true),
-            ..ServiceAccount::default()
-        },
-        role: Role {
-            metadata: meta(&picker),
-            rules: Some(vec![
-                read_rule("", "pods"),
-                read_rule("inference.networking.k8s.io", "inferencepools"),
-            ]),
-        },
-        role_binding: RoleBinding {
-            metadata: meta(&picker),
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "Role".into(),
-                name: picker.clone(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: picker.clone(),
-                namespace: Some(input.namespace.to_string()),
-                ..Subject::default()
-            }]),
-        },
+        service_account,
+        role,
+        role_binding,
         deployment: Deployment {
             metadata: meta(&picker),
             spec: Some(DeploymentSpec {
@@ -174,6 +151,44 @@ pub fn objects(input: &GatewayInput<'_>) -> Result<GatewayObjects, BuildError> {
             status: None,
         },
     })
+}
+
+/// The picker's own account: a ServiceAccount, and a Role (bound to it) that allows
+/// exactly what it reads, `list` and `watch` of pods and InferencePools.
+fn access(
+    input: &GatewayInput<'_>,
+    meta: ObjectMeta,
+    picker: &str,
+) -> (ServiceAccount, Role, RoleBinding) {
+    (
+        ServiceAccount {
+            metadata: meta.clone(),
+            // The picker reads the API with it; nothing else in its pods does.
+            automount_service_account_token: Some(true),
+            ..ServiceAccount::default()
+        },
+        Role {
+            metadata: meta.clone(),
+            rules: Some(vec![
+                read_rule("", "pods"),
+                read_rule("inference.networking.k8s.io", "inferencepools"),
+            ]),
+        },
+        RoleBinding {
+            metadata: meta,
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: picker.to_string(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: picker.to_string(),
+                namespace: Some(input.namespace.to_string()),
+                ..Subject::default()
+            }]),
+        },
+    )
 }
 
 fn read_rule(group: &str, resource: &str) -> PolicyRule {

@@ -118,22 +118,12 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
     state.period.retain(|pod| ready.contains_key(pod));
     let replicas = replicas(isvc, &snapshot);
     let generation = isvc.metadata.generation;
-    // An HPA sizing a service whose built-in autoscaler is on: leave the size to it
-    // (follow spec.replicas, which it writes) rather than undo each of its writes.
-    let conflicting_autoscalers = if isvc.spec.autoscaling.enabled {
-        snapshot.autoscalers.clone()
-    } else {
-        Vec::new()
-    };
+    let conflicting_autoscalers = conflicting_autoscalers(isvc, &snapshot);
     let deferring;
     let spec = if conflicting_autoscalers.is_empty() {
         &isvc.spec
     } else {
-        deferring = {
-            let mut s = isvc.spec.clone();
-            s.autoscaling.enabled = false;
-            s
-        };
+        deferring = deferring_to_them(isvc);
         &deferring
     };
     let decided = if state.period.due(Instant::now()) {
@@ -177,33 +167,46 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
     } else {
         Vec::new()
     };
+    // Advising writes none of the decision's rotation, deletion costs or DP weights.
     let advising = Advising::of(isvc, ctx.config.advise);
-    if advising.is_some() {
-        return Plan {
-            isvc,
-            current,
-            wanted,
-            rotation: Vec::new(),
-            deletion_costs: Vec::new(),
-            dp_weights: Vec::new(),
-            outcome,
-            snapshot,
-            conflicting_autoscalers,
-            advising,
-        };
-    }
+    let acting = advising.is_none();
     Plan {
         isvc,
         current,
         wanted,
-        rotation: rotation(&snapshot, &rebalance),
-        deletion_costs,
-        dp_weights: rebalance.dp_weights,
+        rotation: if acting {
+            rotation(&snapshot, &rebalance)
+        } else {
+            Vec::new()
+        },
+        deletion_costs: if acting { deletion_costs } else { Vec::new() },
+        dp_weights: if acting {
+            rebalance.dp_weights
+        } else {
+            Vec::new()
+        },
         outcome,
         snapshot,
         conflicting_autoscalers,
         advising,
     }
+}
+
+/// HPAs sizing a service whose built-in autoscaler is on: the operator leaves the size to
+/// them (follows `spec.replicas`, which they write) rather than undo each of their writes.
+fn conflicting_autoscalers(isvc: &InferenceService, snapshot: &Snapshot) -> Vec<String> {
+    if isvc.spec.autoscaling.enabled {
+        snapshot.autoscalers.clone()
+    } else {
+        Vec::new()
+    }
+}
+
+/// The spec as decided while an HPA sizes the service: its built-in autoscaler off.
+fn deferring_to_them(isvc: &InferenceService) -> ballast_crds::InferenceServiceSpec {
+    let mut s = isvc.spec.clone();
+    s.autoscaling.enabled = false;
+    s
 }
 
 /// Publishes a decision's values for the metrics APIs (what `status.lastDecision.signals`

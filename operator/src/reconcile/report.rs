@@ -170,6 +170,66 @@ fn advising_condition(plan: &Plan<'_>) -> Option<ConditionSet<'static>> {
     })
 }
 
+/// The Event of a Degraded condition `c` (the live one `live`): when it turns True or
+/// changes reason, or recovers from pods that could not run; not when only the message
+/// moves, as back-off times do.
+fn degraded_event(
+    live: Option<&Condition>,
+    c: &ConditionSet<'static>,
+) -> Option<(EventType, &'static str, String)> {
+    let flipped = live.is_none_or(|l| (l.status == "True") != c.status);
+    let changed = flipped || live.is_some_and(|l| l.reason != c.reason);
+    match (c.status, changed) {
+        (true, true) => Some((EventType::Warning, c.reason, c.message.clone())),
+        (false, true) if c.reason == "EnginesRunning" => {
+            Some((EventType::Normal, c.reason, c.message.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// The AutoscalerConflict condition of `hpas`, and the message of its Event when the
+/// conflict starts.
+fn conflict_and_event(
+    isvc: &InferenceService,
+    hpas: &[String],
+) -> (Option<ConditionSet<'static>>, Option<String>) {
+    let live = live_condition(isvc, AUTOSCALER_CONFLICT);
+    let conflict = autoscaler_conflict(hpas, live);
+    let event = conflict
+        .as_ref()
+        .filter(|c| c.status && live.is_none_or(|l| l.status != "True"))
+        .map(|c| c.message.clone());
+    (conflict, event)
+}
+
+/// The Event of a decision that changes something: its reason and message, or, advising,
+/// the same prefixed as advice, once per advised size rather than every period it stands.
+async fn decision_event(ctx: &Context, plan: &Plan<'_>, o: &crate::decide::Outcome, desired: i32) {
+    let isvc = plan.isvc;
+    match plan.advising {
+        None => {
+            ctx.event(
+                isvc,
+                EventType::Normal,
+                o.reason.as_str(),
+                o.message.clone(),
+            )
+            .await
+        }
+        Some(_) if advised_before(isvc) != Some(desired) => {
+            ctx.event(
+                isvc,
+                EventType::Normal,
+                &format!("Advise{}", o.reason.as_str()),
+                format!("advice, not applied: {}", o.message),
+            )
+            .await
+        }
+        Some(_) => {}
+    }
+}
+
 /// The size the last written status advised, if it was advising.
 fn advised_before(isvc: &InferenceService) -> Option<i32> {
     let status = isvc.status.as_ref()?;
@@ -359,31 +419,17 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
     // spec that was invalid and pods that recovered turn it False again, or it would stay.
     let live_degraded = live_condition(isvc, "Degraded");
     let degraded = degraded_condition(live_degraded, start_failure_condition(&plan.snapshot));
-    // An Event when Degraded turns True or changes reason, or recovers from pods that
-    // could not run (not when only the message moves, as back-off times do).
-    let degraded_event = degraded.as_ref().and_then(|c| {
-        let flipped = live_degraded.is_none_or(|l| (l.status == "True") != c.status);
-        let changed = flipped || live_degraded.is_some_and(|l| l.reason != c.reason);
-        match (c.status, changed) {
-            (true, true) => Some((EventType::Warning, c.reason, c.message.clone())),
-            (false, true) if c.reason == "EnginesRunning" => {
-                Some((EventType::Normal, c.reason, c.message.clone()))
-            }
-            _ => None,
-        }
-    });
+    let degraded_event = degraded
+        .as_ref()
+        .and_then(|c| degraded_event(live_degraded, c));
     conditions.extend(degraded);
     // An HPA that sizes the service while the built-in autoscaler is on: said in a
     // condition naming it (and an Event when it starts), False again once it is gone.
-    let live_conflict = live_condition(isvc, AUTOSCALER_CONFLICT);
-    let conflict = autoscaler_conflict(&plan.conflicting_autoscalers, live_conflict);
-    let conflict_event = conflict
-        .as_ref()
-        .filter(|c| c.status && live_conflict.is_none_or(|l| l.status != "True"))
-        .map(|c| c.message.clone());
+    let (conflict, conflict_event) = conflict_and_event(isvc, &plan.conflicting_autoscalers);
     conditions.extend(conflict);
     let live_gateway = live_condition(isvc, GATEWAY_CONDITION);
     let gateway = gateway_condition(isvc, &plan.snapshot);
+    // Said once when the CRD goes missing, not every period it stays missing.
     let gateway_event = gateway
         .as_ref()
         .filter(|c| {
@@ -408,48 +454,24 @@ pub async fn report(ctx: &Context, applied: Applied<'_>) -> Result<(), Error> {
             updated: updated_replicas(deployment.as_deref()),
         },
     );
-    if !isvc.spec.gateway.enabled {
-        s.conditions.retain(|c| c.type_ != GATEWAY_CONDITION);
-    }
-    if plan.advising.is_none() {
-        s.conditions.retain(|c| c.type_ != ADVISING_CONDITION);
-    }
+    // Conditions of what is off now go (set before, they would stay).
+    s.conditions.retain(|c| {
+        (isvc.spec.gateway.enabled || c.type_ != GATEWAY_CONDITION)
+            && (plan.advising.is_some() || c.type_ != ADVISING_CONDITION)
+    });
     let wrote = write(&Api::namespaced(ctx.client.clone(), &ns), isvc, &s).await?;
     ctx.count_write(&ns, &name, "status", wrote);
-    if let (true, Some(message)) = (wrote, gateway_event) {
-        ctx.event(isvc, EventType::Warning, GATEWAY_UNAVAILABLE, message)
-            .await;
-    }
-    if let (true, Some((type_, reason, message))) = (wrote, degraded_event) {
+    // Said when the status changed with them, not every period they stand.
+    let said = [
+        gateway_event.map(|m| (EventType::Warning, GATEWAY_UNAVAILABLE, m)),
+        degraded_event,
+        conflict_event.map(|m| (EventType::Warning, AUTOSCALER_CONFLICT, m)),
+    ];
+    for (type_, reason, message) in said.into_iter().flatten().filter(|_| wrote) {
         ctx.event(isvc, type_, reason, message).await;
     }
-    if let (true, Some(message)) = (wrote, conflict_event) {
-        ctx.event(isvc, EventType::Warning, AUTOSCALER_CONFLICT, message)
-            .await;
-    }
     if let Some(o) = outcome.filter(|o| o.action != ballast_crds::Action::Hold) {
-        match plan.advising {
-            None => {
-                ctx.event(
-                    isvc,
-                    EventType::Normal,
-                    o.reason.as_str(),
-                    o.message.clone(),
-                )
-                .await
-            }
-            // Advice is said once per advised size, not every period it stands.
-            Some(_) if advised_before(isvc) != Some(desired) => {
-                ctx.event(
-                    isvc,
-                    EventType::Normal,
-                    &format!("Advise{}", o.reason.as_str()),
-                    format!("advice, not applied: {}", o.message),
-                )
-                .await
-            }
-            Some(_) => {}
-        }
+        decision_event(ctx, &plan, o, desired).await;
     }
     period::record_state(
         &ctx.metrics,
