@@ -390,8 +390,8 @@ pub struct AutoscalingSpec {
     pub enabled: bool,
     /// `Act` (the default) applies each decision; `Advise` scrapes, decides and explains
     /// the same (status, conditions, Events, metrics, the metrics APIs) but writes no
-    /// replica count, rotation, deletion cost or DP weight: what Ballast would do, beside
-    /// the autoscaler a team runs now.
+    /// replica count, deletion cost or DP weight and takes no pod out of rotation: what
+    /// Ballast would do, beside the autoscaler a team runs now.
     #[serde(default)]
     pub mode: AutoscalingMode,
     /// Fewest replicas.

@@ -670,9 +670,9 @@ fn ballast_on_a_real_cluster() {
             .split_whitespace()
             .map(str::to_string)
             .collect();
-        (row.len() == 6
-            && row[..4] == ["chat", "synthetic:tiny", "1", "1"]
-            && ["Hold", "ScaleUp", "ScaleDown", "Rebalance"].contains(&row[4].as_str()))
+        (row.len() == 7
+            && row[..5] == ["chat", "synthetic:tiny", "Act", "1", "1"]
+            && ["Hold", "ScaleUp", "ScaleDown", "Rebalance"].contains(&row[5].as_str()))
         .then_some(())
     });
     assert_eq!(op2.writes("chat"), 0.0, "the standby never writes");
@@ -1075,6 +1075,81 @@ fn ballast_on_a_real_cluster() {
     );
     cp.kubectl(&["delete", "hpa", "follow", "-n", NS]).unwrap();
     cp.kubectl(&["delete", "inferenceservice", "hpa", "-n", NS])
+        .unwrap();
+
+    // 2d. Advisory mode (issue 51): an `Advise` service under the same load step decides
+    // to scale up (status, the Advising condition, an Advise Event) while its Deployment
+    // stays at one; switched to `Act` under the load, the standing decision is applied
+    // within a control period (2 s here).
+    cp.apply(&isvc(
+        "advice",
+        &FLEET.replace("autoscaling: {", "autoscaling: {mode: Advise, "),
+    ))
+    .unwrap();
+    w.wait_for("advice ready", Duration::from_secs(90), || {
+        (w.status("advice")["readyReplicas"] == 1).then_some(())
+    });
+    let columns = cp.kubectl(&["get", "bisvc", "advice", "-n", NS]).unwrap();
+    assert!(
+        columns.contains("MODE") && columns.contains("Advise"),
+        "{columns}"
+    );
+    // kube-proxy routes the new Service's cluster IP once its endpoint is ready.
+    let advice_url = w.service_url("advice");
+    w.wait_for(
+        "advice through its cluster IP",
+        Duration::from_secs(30),
+        || get(&format!("{advice_url}/v1/models")).map(|_| ()),
+    );
+    let report = dir.join("advice.json");
+    let load = bench(&advice_url, &report, SCALE_UP_LOAD);
+    let advised = w.wait_for("the advice to scale up", Duration::from_secs(30), || {
+        let s = w.status("advice");
+        (s["desiredReplicas"].as_i64() > Some(1)).then_some(s)
+    });
+    let advising = advised["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Advising").cloned())
+        .unwrap_or(Value::Null);
+    assert_eq!(advising["status"], "True", "{advised}");
+    // A few more periods of load: the Deployment stays where it was.
+    std::thread::sleep(Duration::from_secs(4));
+    let d = w.json(&["get", "deployment", "advice", "-n", NS]);
+    assert_eq!(d["spec"]["replicas"], 1, "advice applied: {d}");
+    let events = cp
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "involvedObject.name=advice",
+        ])
+        .unwrap();
+    assert!(events.contains("Advise"), "{events}");
+    cp.apply(&isvc("advice", FLEET)).unwrap();
+    let acted = Instant::now();
+    w.wait_for(
+        "the standing decision applied",
+        Duration::from_secs(10),
+        || {
+            let d = w.json(&["get", "deployment", "advice", "-n", NS]);
+            (d["spec"]["replicas"].as_i64() > Some(1)).then_some(())
+        },
+    );
+    eprintln!(
+        "advisory mode: desiredReplicas {} advised with the Deployment at 1; mode Act → Deployment resized in {:?}",
+        advised["desiredReplicas"],
+        acted.elapsed()
+    );
+    assert!(
+        w.status("advice")["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().all(|c| c["type"] != "Advising")),
+        "the Advising condition goes with Act"
+    );
+    bench_report(load, &report, 17, "load on an advised service");
+    cp.kubectl(&["delete", "inferenceservice", "advice", "-n", NS])
         .unwrap();
 
     // 3. A rolling update under load: changing the engine's arguments rolls the pods

@@ -923,3 +923,46 @@ fn the_live_page_plots_replicas_signals_and_decisions() {
     assert!(blue > 150, "{blue} accepting-blue pixels");
     assert!(violet > 150, "{violet} observed-violet pixels");
 }
+
+/// `mode: Advise` in a local fleet: the load that scales the fleet above up is advised
+/// (the Advising condition names the size), and the fleet keeps its one replica.
+#[test]
+fn an_advised_local_fleet_says_what_it_would_do_and_keeps_its_size() {
+    let _group = crate::common::group(module_path!());
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let local = start(&FLEET.replace("  autoscaling:\n", "  autoscaling:\n    mode: Advise\n"));
+    local.wait_status("chat", Duration::from_secs(30), "one ready replica", |s| {
+        s["readyReplicas"] == 1
+    });
+    let (bench, json) = local.bench(&[
+        "--concurrency",
+        "24",
+        "--duration",
+        "8",
+        "--input-len",
+        "32",
+        "--output-len",
+        "300",
+    ]);
+    let s = local.wait_status("chat", Duration::from_secs(20), "advice to scale up", |s| {
+        s["conditions"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c["type"] == "Advising"
+                    && c["status"] == "True"
+                    && !c["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains(" 1 replicas advised")
+            })
+        })
+    });
+    assert_eq!(s["lastDecision"]["action"], "ScaleUp", "{s:#}");
+    let r = report(bench, &json);
+    assert_eq!(r["requests"]["failed"], 0, "{r:#}");
+    let s = local.wait_status("chat", Duration::from_secs(5), "the status", |_| true);
+    assert_eq!(
+        (s["replicas"].as_i64(), s["readyReplicas"].as_i64()),
+        (Some(1), Some(1)),
+        "{s:#}"
+    );
+}

@@ -167,18 +167,15 @@ pub async fn plan<'a>(ctx: &Context, state: &mut ServiceState, valid: Valid<'a>)
     } else {
         Vec::new()
     };
-    // Advising writes none of the decision's rotation, deletion costs or DP weights.
+    // Advising writes none of the decision's deletion costs or DP weights, and takes no
+    // pod out of rotation.
     let advising = Advising::of(isvc, ctx.config.advise);
     let acting = advising.is_none();
     Plan {
         isvc,
         current,
         wanted,
-        rotation: if acting {
-            rotation(&snapshot, &rebalance)
-        } else {
-            Vec::new()
-        },
+        rotation: rotation_of(&snapshot, &rebalance, acting),
         deletion_costs: if acting { deletion_costs } else { Vec::new() },
         dp_weights: if acting {
             rebalance.dp_weights
@@ -247,6 +244,27 @@ pub fn targets(isvc: &InferenceService, snapshot: &Snapshot) -> Vec<Target> {
             Some(Target::new(p.name.clone(), format!("http://{host}:{port}")))
         })
         .collect()
+}
+
+/// The rotation to write: the decision's when acting; advising, every ready pod in (a new
+/// pod would otherwise never pass its readiness gate) and none taken out.
+fn rotation_of(
+    snapshot: &Snapshot,
+    rebalance: &RebalancePlan,
+    acting: bool,
+) -> Vec<(String, bool)> {
+    if acting {
+        return rotation(snapshot, rebalance);
+    }
+    let everyone = RebalancePlan {
+        restore: snapshot
+            .ready_pods()
+            .keys()
+            .map(|k| k.to_string())
+            .collect(),
+        ..RebalancePlan::default()
+    };
+    rotation(snapshot, &everyone)
 }
 
 /// The accepting condition each ready pod should have after `plan`, for the pods whose

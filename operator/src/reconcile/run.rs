@@ -107,7 +107,8 @@ pub struct OperatorArgs {
 
     /// Advise on every InferenceService, as `spec.autoscaling.mode: Advise` does for one:
     /// scrape, decide and explain (status, conditions, Events, metrics, the metrics APIs),
-    /// but write no replica count, rotation, deletion cost or DP weight.
+    /// but write no replica count, deletion cost or DP weight and take no pod out of
+    /// rotation.
     #[arg(long, env = "BALLAST_ADVISE")]
     pub advise: bool,
 
