@@ -270,6 +270,14 @@ impl World {
         ips
     }
 
+    /// `kubectl get events` of the objects named `name` in the services' namespace.
+    fn events_of(&self, name: &str) -> String {
+        let field = format!("involvedObject.name={name}");
+        self.cp()
+            .kubectl(&["get", "events", "-n", NS, "--field-selector", &field])
+            .unwrap()
+    }
+
     /// The host pid of the first container of pod `ns/name`.
     fn container_pid(&self, ns: &str, name: &str) -> Option<u32> {
         let pod = self.json(&["get", "pod", name, "-n", ns]);
@@ -1116,16 +1124,7 @@ fn ballast_on_a_real_cluster() {
     std::thread::sleep(Duration::from_secs(4));
     let d = w.json(&["get", "deployment", "advice", "-n", NS]);
     assert_eq!(d["spec"]["replicas"], 1, "advice applied: {d}");
-    let events = cp
-        .kubectl(&[
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            "involvedObject.name=advice",
-        ])
-        .unwrap();
+    let events = w.events_of("advice");
     assert!(events.contains("Advise"), "{events}");
     cp.apply(&isvc("advice", FLEET)).unwrap();
     let acted = Instant::now();
@@ -2437,16 +2436,7 @@ fn the_gateway_in_the_request_path(w: &World) {
     w.wait_for("edge's pods gone", Duration::from_secs(90), || {
         (w.pods(&selector("edge")).is_empty() && w.status("edge")["replicas"] == 0).then_some(())
     });
-    let events = cp
-        .kubectl(&[
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            "involvedObject.name=edge",
-        ])
-        .unwrap();
+    let events = w.events_of("edge");
     assert!(events.contains("ScaledToZero"), "{events}");
     let held = picker_sum(&metrics, "ballast_gateway_held_requests", "pool=\"edge\"");
     assert_eq!(held, 0.0, "nothing held before the requests come");
@@ -2576,16 +2566,7 @@ fn the_gateway_in_the_request_path(w: &World) {
         first_bytes[10],
         first_bytes[19]
     );
-    let events = cp
-        .kubectl(&[
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            "involvedObject.name=edge",
-        ])
-        .unwrap();
+    let events = w.events_of("edge");
     assert!(events.contains("HeldRequests"), "{events}");
     assert_eq!(
         picker_sum(&metrics, "ballast_gateway_held_requests", "pool=\"edge\""),
